@@ -1,0 +1,16 @@
+"""ddp-lab: reproduce the errors of custom modules in PyTorch distributed training, on real ranks."""
+from .launcher import launch
+from .rankinfo import RankInfo, ddp_kwargs, device, rank_info
+from .display import show
+from .results import DistributedRunError, ErrorInfo, RankResult, RunResult
+
+__version__ = "0.1.0"
+__all__ = ["launch", "RunResult", "RankResult", "ErrorInfo", "DistributedRunError", "RankInfo",
+           "rank_info", "device", "ddp_kwargs", "show", "load_ipython_extension"]
+
+
+def load_ipython_extension(ipython):
+    """`%load_ext ddp_lab` registers the `%%ddp` cell magic."""
+    from .magic import register
+
+    register(ipython)

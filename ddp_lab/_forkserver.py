@@ -1,0 +1,130 @@
+"""A clean fork server: started once (by exec, never by forking the caller), it imports torch and
+torch.distributed, then forks one child per rank on request, so a rank starts in milliseconds
+with nothing of the notebook's state.
+
+Protocol over a socketpair, length-prefixed pickles:
+  client -> server  {"spawn": spec_path}          server -> client  {"spawned": spec_path, "pid": pid}
+                                                   server -> client  {"exit": pid, "status": waitstatus}
+The server exits when the client's end closes (its parent died or it shut the server down), and
+kills the process groups of the children it still has.
+"""
+from __future__ import annotations
+
+import os
+import pickle
+import selectors
+import signal
+import socket
+import struct
+import sys
+
+_HEADER = struct.Struct("!I")
+
+
+def send(sock: socket.socket, obj) -> None:
+    data = pickle.dumps(obj)
+    sock.sendall(_HEADER.pack(len(data)) + data)
+
+
+def recv(sock: socket.socket):
+    header = _recv_exact(sock, _HEADER.size)
+    return pickle.loads(_recv_exact(sock, _HEADER.unpack(header)[0]))
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    buf = b""
+    while len(buf) < n:
+        chunk = sock.recv(n - len(buf))
+        if not chunk:
+            raise EOFError("fork server connection closed")
+        buf += chunk
+    return buf
+
+
+def _fork_rank(sock: socket.socket, wakeup_r: int, spec_path: str) -> int:
+    pid = os.fork()
+    if pid == 0:
+        try:
+            signal.set_wakeup_fd(-1)
+            for sig in (signal.SIGCHLD, signal.SIGINT, signal.SIGTERM):
+                signal.signal(sig, signal.SIG_DFL)
+            sock.close()
+            os.close(wakeup_r)
+            from ddp_lab._rank import child_main
+
+            child_main(spec_path)
+        finally:
+            os._exit(70)
+    return pid
+
+
+def _reap(sock: socket.socket, children: set[int]) -> None:
+    while children:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        children.discard(pid)
+        send(sock, {"exit": pid, "status": status})
+
+
+def serve(fd: int, later=()) -> None:
+    sock = socket.socket(fileno=fd)
+    wakeup_r, wakeup_w = os.pipe()
+    os.set_blocking(wakeup_w, False)
+    signal.set_wakeup_fd(wakeup_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    children: set[int] = set()
+    sel = selectors.DefaultSelector()
+    sel.register(sock, selectors.EVENT_READ)
+    sel.register(wakeup_r, selectors.EVENT_READ)
+    later = list(later)
+    try:
+        while True:
+            events = sel.select(timeout=0.05 if later else None)
+            if not events and later:
+                _preload(later.pop(0))  # idle: warm one more module, between requests
+            for key, _ in events:
+                if key.fileobj is sock:
+                    request = recv(sock)
+                    pid = _fork_rank(sock, wakeup_r, request["spawn"])
+                    children.add(pid)
+                    send(sock, {"spawned": request["spawn"], "pid": pid})
+                else:
+                    os.read(wakeup_r, 4096)
+            _reap(sock, children)
+    except (EOFError, ConnectionError, OSError):
+        pass
+    finally:
+        for pid in children:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+
+def main() -> None:
+    fd = int(sys.argv[1])
+    now, later = (arg.split(",") if arg else [] for arg in sys.argv[2:4])
+    for name in now:
+        _preload(name)
+    serve(fd, later)
+
+
+def _preload(name: str) -> None:
+    try:
+        if name == "@lessons":
+            from ddp_lab.registry import lessons
+
+            lessons()
+        else:
+            __import__(name)
+    except Exception:
+        pass  # a rank that needs it will raise the real import error itself
+
+
+if __name__ == "__main__":
+    main()

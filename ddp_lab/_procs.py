@@ -1,0 +1,163 @@
+"""Process handles for the launcher: ranks forked from the clean fork server, or started by plain
+spawn. Both look the same to the launcher: `.pid`, `.exitcode()` (None while running, negative
+for a signal) and `.kill()` of the rank's whole process group.
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+
+from . import _forkserver
+
+# Imported before the server takes its first request, then (while it is idle) what DDP and the
+# lessons import on first use: torch._dynamo alone costs a rank ~1.5 s otherwise.
+PRELOAD = ("torch", "torch.distributed", "cloudpickle", "ddp_lab._rank")
+PRELOAD_IDLE = ("torch.nn.parallel", "torch.optim", "torch._dynamo", "torch.utils.checkpoint",
+                "torch.distributed.algorithms.join", "ddp_lab.registry", "ddp_lab.probes", "@lessons")
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    except OSError:
+        pass
+
+
+class _ForkServer:
+    """Client of one fork server process, shared by every launch of this Python process."""
+
+    def __init__(self, extra_env: dict[str, str]):
+        parent, child = socket.socketpair()
+        env = dict(os.environ, **extra_env)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", "from ddp_lab._forkserver import main; main()",
+             str(child.fileno()), ",".join(PRELOAD), ",".join(PRELOAD_IDLE)],
+            pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL, env=env,
+            start_new_session=True,  # Ctrl-C in a terminal reaches the caller, not the server
+        )
+        child.close()
+        self.sock = parent
+        self.lock = threading.Lock()
+        self.changed = threading.Condition()
+        self.exits: dict[int, int] = {}
+        self.spawned: dict[str, int] = {}
+        self.alive = True
+        threading.Thread(target=self._read, name="ddp-lab-forkserver", daemon=True).start()
+
+    def _read(self) -> None:
+        try:
+            while True:
+                msg = _forkserver.recv(self.sock)
+                with self.changed:
+                    if "exit" in msg:
+                        self.exits[msg["exit"]] = os.waitstatus_to_exitcode(msg["status"])
+                    else:
+                        self.spawned[msg["spawned"]] = msg["pid"]
+                    self.changed.notify_all()
+        except (EOFError, OSError):
+            with self.changed:
+                self.alive = False
+                self.changed.notify_all()
+
+    def spawn(self, spec_path: str, timeout: float) -> "ForkedRank":
+        with self.lock:
+            _forkserver.send(self.sock, {"spawn": spec_path})
+        with self.changed:
+            ok = self.changed.wait_for(lambda: spec_path in self.spawned or not self.alive, timeout)
+            if not ok or spec_path not in self.spawned:
+                raise RuntimeError("the ddp_lab fork server did not start a rank; it may have died "
+                                   "(run again, or pass start_method='spawn')")
+            return ForkedRank(self, self.spawned.pop(spec_path))
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        finally:
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+class ForkedRank:
+    def __init__(self, server: _ForkServer, pid: int):
+        self.server, self.pid = server, pid
+
+    def exitcode(self) -> int | None:
+        with self.server.changed:
+            if self.pid in self.server.exits:
+                return self.server.exits[self.pid]
+            if not self.server.alive:
+                return -signal.SIGKILL
+            return None
+
+    def wait_change(self, timeout: float) -> None:
+        with self.server.changed:
+            self.server.changed.wait(timeout)
+
+    def kill(self) -> None:
+        _kill_group(self.pid)
+
+    def forget(self) -> None:
+        with self.server.changed:
+            self.server.exits.pop(self.pid, None)
+
+
+class SpawnedRank:
+    def __init__(self, spec_path: str, env: dict[str, str]):
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "ddp_lab._rank", spec_path], env=env,
+            stdin=subprocess.DEVNULL, start_new_session=True,
+        )
+        self.pid = self.proc.pid
+
+    def exitcode(self) -> int | None:
+        return self.proc.poll()
+
+    def wait_change(self, timeout: float) -> None:
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            pass
+
+    def kill(self) -> None:
+        _kill_group(self.pid)
+
+    def forget(self) -> None:
+        pass
+
+
+_server: _ForkServer | None = None
+_server_lock = threading.Lock()
+
+
+def forkserver_available() -> bool:
+    return sys.platform != "win32" and hasattr(os, "fork")
+
+
+def fork_server() -> _ForkServer:
+    """The shared fork server, started on first use (and again if it died)."""
+    global _server
+    with _server_lock:
+        if _server is None or not _server.alive or _server.proc.poll() is not None:
+            _server = _ForkServer({})
+        return _server
+
+
+def shutdown() -> None:
+    global _server
+    with _server_lock:
+        if _server is not None:
+            _server.close()
+            _server = None
+
+
+atexit.register(shutdown)

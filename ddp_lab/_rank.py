@@ -1,0 +1,153 @@
+"""The rank side of a launch: what runs inside each rank process.
+
+A rank reads its spec (a pickle written by the launcher), makes itself the leader of a new
+process group (so the launcher can kill it and anything it starts), sends its stdout/stderr to
+files at the file-descriptor level, arms faulthandler so the launcher can ask for every
+thread's stack, initialises the process group if asked, runs the function, and writes a result
+file. Nothing here starts a process; the launcher owns processes.
+
+Run as `python -m ddp_lab._rank SPEC` for a plain-spawn launch; the forkserver calls
+`child_main(spec_path)` in a freshly forked child.
+"""
+from __future__ import annotations
+
+import faulthandler
+import os
+import pickle
+import signal
+import sys
+import time
+import traceback
+from datetime import timedelta
+
+STACK_SIGNAL = signal.SIGUSR1
+
+
+def _die_with_parent() -> None:
+    """Linux: ask the kernel to SIGKILL this process when its parent dies."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except Exception:
+        pass
+
+
+def _redirect(spec: dict) -> None:
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    for fd, path in ((1, spec["stdout"]), (2, spec["stderr"])):
+        out = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(out, fd)
+        os.close(out)
+    kw = dict(buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False)
+    sys.stdout = open(1, "w", **kw)
+    sys.stderr = open(2, "w", **kw)
+
+
+def _arm_stack_dump(spec: dict) -> None:
+    stack_file = open(spec["stack"], "w")
+    faulthandler.register(STACK_SIGNAL, file=stack_file, all_threads=True)
+    faulthandler.enable(file=sys.stderr, all_threads=True)
+    spec["_stack_file"] = stack_file  # keep it open for the life of the rank
+
+
+def _init_group(spec: dict) -> None:
+    import torch
+    import torch.distributed as dist
+
+    backend = spec["backend"]
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    dist.init_process_group(backend, timeout=timedelta(seconds=spec["pg_timeout"]))
+
+
+def _teardown() -> None:
+    try:
+        import gc
+
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            # Free what the function left (a DDP model's reducer holds the group), and give
+            # gloo's worker threads the GIL to release finished work: a group destroyed while
+            # they wait for the GIL deadlocks in ~ProcessGroupGloo (seen on torch 2.13).
+            gc.collect()
+            time.sleep(0.02)
+            dist.destroy_process_group()
+    except Exception:
+        pass
+
+
+def _error_record(exc: BaseException) -> dict:
+    return {
+        "type": type(exc).__name__,
+        "message": str(exc),
+        "traceback": "".join(traceback.format_exception(exc)),
+        "failed_at": time.time(),
+    }
+
+
+def _write_result(path: str, record: dict) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        f.write(pickle.dumps(record))
+    os.replace(tmp, path)
+
+
+def _run(spec: dict) -> dict:
+    import cloudpickle
+
+    if "OMP_NUM_THREADS" not in os.environ and "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(spec["threads"])  # as torchrun: no oversubscription
+    fn, args, kwargs = cloudpickle.loads(spec["payload"])
+    if spec["init_process_group"]:
+        _init_group(spec)
+    value = fn(*args, **kwargs)
+    try:
+        blob = cloudpickle.dumps(value)
+    except Exception as exc:
+        raise TypeError(
+            f"the function returned a {type(value).__name__} that cannot be pickled "
+            f"back to the launcher ({exc}); return plain data instead"
+        ) from exc
+    return {"value": blob}
+
+
+def child_main(spec_path: str) -> None:
+    """Entry point of a rank process. Never returns: exits with 0 on success, 1 on error."""
+    with open(spec_path, "rb") as f:
+        spec = pickle.load(f)
+    try:
+        os.setsid()
+    except OSError:
+        pass  # already a session leader (plain spawn with start_new_session)
+    _die_with_parent()
+    _redirect(spec)
+    os.environ.clear()
+    os.environ.update(spec["env"])
+    sys.path[:] = spec["sys_path"]
+    if "torch.distributed" in sys.modules:  # preloaded: re-read what torch read at import
+        sys.modules["torch.distributed"].set_debug_level_from_env()
+    _arm_stack_dump(spec)
+    start = time.time()
+    code = 0
+    try:
+        record = _run(spec)
+    except BaseException as exc:  # noqa: BLE001 - every failure is reported, even SystemExit
+        record, code = _error_record(exc), 1
+        traceback.print_exc()
+    _teardown()
+    record["seconds"] = time.time() - start
+    _write_result(spec["result"], record)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    child_main(sys.argv[1])

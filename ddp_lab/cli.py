@@ -1,0 +1,86 @@
+"""The `ddp-lab` command (also `python -m ddp_lab`): list, run, tour, doctor."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .rankinfo import in_torchrun, rank_info
+from .registry import VARIANTS, get_lesson, lessons
+
+
+def cmd_list(args) -> int:
+    for lesson in lessons().values():
+        print(f"{lesson.id}  {lesson.title}  (notebooks/{lesson.notebook}.ipynb)")
+        for s in lesson.scenarios:
+            print(f"      {s.name:<32} {s.title}")
+    return 0
+
+
+def cmd_run(args) -> int:
+    lesson = get_lesson(args.lesson)
+    scenarios = [lesson.scenario(args.scenario)] if args.scenario else lesson.scenarios
+    variants = [args.variant] if args.variant else list(VARIANTS)
+    failed = 0
+    for scenario in scenarios:
+        for which in variants:
+            result = scenario.run(which, world_size=args.world_size)
+            if in_torchrun():  # this process is one rank of torchrun's group: report it alone
+                r = result.ranks[0]
+                print(f"[rank {rank_info().rank}] {scenario.key} {which}: {r.status} {r.headline}")
+                failed += r.status != scenario.variant(which).expect.status
+                continue
+            problems = scenario.check(which, result)
+            print(repr(result))
+            print(f"  declared: {scenario.variant(which).expect.describe()}  ->  "
+                  + ("as declared" if not problems else "NOT as declared"))
+            for p in problems:
+                print(f"  - {p}")
+            if args.output:
+                result.print_output()
+            failed += bool(problems)
+    return 1 if failed else 0
+
+
+def cmd_tour(args) -> int:
+    from .tour import tour
+
+    rows = tour(args.out, only=[l.zfill(2) for l in args.lesson] or None, progress=not args.quiet)
+    return 0 if all(r.as_declared for r in rows) else 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ddp-lab", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    sub.add_parser("list", help="every lesson and scenario").set_defaults(func=cmd_list)
+    run = sub.add_parser("run", help="run a lesson's scenarios on real ranks and check them")
+    run.add_argument("lesson", help="lesson id, e.g. 00")
+    run.add_argument("scenario", nargs="?", help="one scenario (default: all of the lesson)")
+    run.add_argument("--variant", choices=VARIANTS, help="default: broken, then fixed")
+    run.add_argument("--world-size", type=int, default=None)
+    run.add_argument("--output", action="store_true", help="print every rank's stdout")
+    run.set_defaults(func=cmd_run)
+    tour = sub.add_parser("tour", help="every scenario broken then fixed; a table and the figures")
+    tour.add_argument("--out", default="ddp-lab-tour", help="folder for the PNG figures")
+    tour.add_argument("--lesson", action="append", default=[], help="only this lesson (repeatable)")
+    tour.add_argument("--quiet", action="store_true", help="no progress bar")
+    tour.set_defaults(func=cmd_tour)
+    try:
+        from .doctor.cli import add_parser
+    except ImportError:
+        pass
+    else:
+        add_parser(sub)
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (KeyError, ValueError) as exc:
+        print(f"ddp-lab: {exc.args[0] if exc.args else exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,63 @@
+"""How results look in a notebook: a compact per-rank table for a RunResult, and `show(obj)`,
+which prints the source of lesson code so notebooks display it instead of copying it."""
+from __future__ import annotations
+
+import html
+import inspect
+import textwrap
+
+from .results import RunResult, sanitize
+
+_COLOURS = {"ok": "#27ae60", "error": "#c0392b", "timeout": "#d68910", "crashed": "#7d3c98"}
+
+
+def _cell(text: str, style: str = "") -> str:
+    return f'<td style="text-align:left;{style}">{html.escape(text)}</td>'
+
+
+def _details(summary: str, body: str) -> str:
+    if not body.strip():
+        return ""
+    return (f"<details><summary>{html.escape(summary)}</summary>"
+            f'<pre style="max-height:20em;overflow:auto">{html.escape(sanitize(body))}</pre></details>')
+
+
+def run_result_html(result: RunResult) -> str:
+    root = result.root_cause
+    rows = []
+    for r in result.ranks:
+        colour = _COLOURS.get(r.status, "black")
+        mark = " ← root cause" if root is r and result._root_is_distinct() else ""
+        folds = "".join([
+            _details("traceback", r.error.traceback if r.error else ""),
+            _details("stack when stopped", r.stack_summary() if r.stack else ""),
+            _details("stdout", r.stdout),
+            _details("stderr", r.stderr),
+        ])
+        rows.append(
+            "<tr>" + _cell(f"rank {r.rank}")
+            + _cell(r.status, f"color:{colour};font-weight:bold")
+            + _cell(("" if r.ok else r.headline) + mark)
+            + _cell(f"{r.seconds:.2f} s")
+            + f'<td style="text-align:left">{folds}</td></tr>'
+        )
+    title = html.escape(f"{result.label + ': ' if result.label else ''}{result.status}, "
+                        f"world_size={result.world_size}, backend={result.backend}")
+    colour = _COLOURS.get(result.status, "black")
+    head = "".join(f'<th style="text-align:left">{h}</th>' for h in ("rank", "status", "what happened", "time", "details"))
+    return (f'<div><b style="color:{colour}">RunResult</b> {title}'
+            f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table></div>")
+
+
+def source(obj) -> str:
+    """The source code of a lesson function or class, dedented."""
+    return textwrap.dedent(inspect.getsource(obj))
+
+
+def show(*objs) -> None:
+    """Print the source of lesson code (functions, classes), so a notebook shows the one copy
+    that lives in ddp_lab/lessons/ rather than a second one."""
+    for i, obj in enumerate(objs):
+        if i:
+            print()
+        print(source(obj).rstrip())

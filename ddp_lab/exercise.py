@@ -1,0 +1,38 @@
+"""Checkers for the "try it yourself" cells: run the learner's code on real ranks through a
+scenario's fixed variant, and say whether it meets the fixed variant's declared outcome."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .registry import Scenario
+from .results import RunResult
+
+
+@dataclass
+class Verdict:
+    passed: bool
+    scenario: str
+    problems: list[str] = field(default_factory=list)
+    result: RunResult | None = None
+
+    def __repr__(self) -> str:
+        if self.passed:
+            return f"✓ {self.scenario}: your version behaves as the fix must ({self.result.status} on every rank)."
+        lines = [f"✗ {self.scenario}: not yet."] + [f"  - {p}" for p in self.problems]
+        return "\n".join(lines)
+
+    def _repr_html_(self) -> str:
+        import html
+
+        colour = "#27ae60" if self.passed else "#c0392b"
+        body = html.escape(repr(self)).replace("\n", "<br>")
+        return f'<div style="border-left:4px solid {colour};padding:4px 8px">{body}</div>'
+
+
+def check(scenario: Scenario, *, world_size: int | None = None, **kwargs) -> Verdict:
+    """Run `scenario`'s fixed variant with `kwargs` replaced by the learner's (e.g. their module
+    class) on real ranks, and compare with what the fixed variant must do."""
+    variant = scenario.fixed.with_kwargs(**kwargs)
+    result = variant.run(world_size=world_size, label=f"{scenario.key} yours")
+    problems = variant.expect.check(result)
+    return Verdict(not problems, scenario.key, problems, result)

@@ -1,0 +1,51 @@
+"""One way in for rank information: RANK / LOCAL_RANK / WORLD_SIZE are read here and nowhere else.
+
+Code that runs on a rank calls `rank_info()` once and passes `rank` on explicitly. `device()`
+is the one place that chooses where a rank's tensors live: `cuda:LOCAL_RANK` when the process
+group runs on NCCL with a GPU for this rank, else the CPU.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0: the one that logs, prints and writes checkpoints."""
+        return self.rank == 0
+
+
+def rank_info() -> RankInfo:
+    env = os.environ
+    return RankInfo(int(env.get("RANK", 0)), int(env.get("LOCAL_RANK", env.get("RANK", 0))),
+                    int(env.get("WORLD_SIZE", 1)))
+
+
+def in_torchrun() -> bool:
+    """True inside a process that torchrun (or another launcher) started as a rank."""
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def device():
+    """`cuda:LOCAL_RANK` when this rank has a GPU and the group is NCCL; otherwise the CPU."""
+    import torch
+    import torch.distributed as dist
+
+    nccl = dist.is_initialized() and dist.get_backend() == "nccl"
+    if nccl or (not dist.is_initialized() and torch.cuda.is_available()):
+        local = rank_info().local_rank
+        if torch.cuda.is_available() and local < torch.cuda.device_count():
+            return torch.device("cuda", local)
+    return torch.device("cpu")
+
+
+def ddp_kwargs(dev) -> dict:
+    """`device_ids` for DDP only when the module is on a GPU; a CPU module must not get any."""
+    return {"device_ids": [dev.index]} if dev.type == "cuda" else {}

@@ -1,0 +1,218 @@
+"""The lesson registry: every scenario declared once, with its broken and fixed variants and the
+outcome each must have. Notebooks, the CLI, the tour, the doctor and the tests all read it.
+
+A lesson is a module (or package) `ddp_lab.lessons.lNN_<name>` that defines `LESSON = Lesson(...)`.
+"""
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import re
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Mapping
+
+from .results import RunResult
+
+VARIANTS = ("broken", "fixed")
+
+
+@dataclass(frozen=True)
+class Expect:
+    """The outcome a variant must have.
+
+    status "error":   `ranks` (default: the root-cause rank) raised `error_type` whose message
+                      matches `match` (a regular expression; a plain fragment works).
+    status "timeout": `ranks` (default: any rank) timed out with `match` in its stack.
+    status "crashed": `ranks` (default: any rank) crashed, `match` in its headline
+                      (e.g. "SIGSEGV", "status 3").
+    status "ok":      every rank ok.
+    With `metric`, the value rank `metric_rank` returned (a dict) must have `metric` above
+    `above` and/or below `below` (`metric_rank=None`: the largest over all ranks).
+    `extra` is an optional check of its own: RunResult -> list of problems.
+    """
+
+    status: str
+    error_type: str | None = None
+    match: str | None = None
+    ranks: tuple[int, ...] | None = None
+    metric: str | None = None
+    above: float | None = None
+    below: float | None = None
+    metric_rank: int | None = 0
+    extra: Callable[[RunResult], list[str]] | None = None
+
+    def describe(self) -> str:
+        parts = [self.status]
+        if self.error_type:
+            parts.append(self.error_type)
+        if self.match:
+            parts.append(f"/{self.match}/")
+        if self.ranks is not None:
+            parts.append(f"on rank{'s' if len(self.ranks) > 1 else ''} "
+                         + ",".join(map(str, self.ranks)))
+        if self.metric:
+            bound = [f"> {self.above:g}" if self.above is not None else "",
+                     f"< {self.below:g}" if self.below is not None else ""]
+            parts.append(f"{self.metric} {' '.join(b for b in bound if b)}")
+        return " ".join(parts)
+
+    def check(self, result: RunResult) -> list[str]:
+        """What differs between `result` and this declaration; empty when it is as declared."""
+        if result.status != self.status:
+            return [f"status {result.status!r}, expected {self.status!r}: {result.describe_failure()}"]
+        problems: list[str] = []
+        if self.status in ("error", "timeout", "crashed"):
+            problems += self._check_failure(result)
+        if self.metric:
+            problems += self._check_metric(result)
+        if self.extra:
+            problems += list(self.extra(result))
+        return problems
+
+    def _check_failure(self, result: RunResult) -> list[str]:
+        if self.ranks is not None:
+            targets = [result.ranks[r] for r in self.ranks if r < result.world_size]
+        elif self.status == "error":
+            targets = [result.root_cause]
+        else:
+            targets = [r for r in result.ranks if r.status == self.status][:1]
+        problems = []
+        for r in targets:
+            if r.status != self.status:
+                problems.append(f"rank {r.rank} is {r.status!r}, expected {self.status!r}")
+                continue
+            if self.status == "error" and self.error_type and r.error.type != self.error_type:
+                problems.append(f"rank {r.rank} raised {r.error.type}, expected {self.error_type}")
+            text = {"error": r.error.message if r.error else "", "timeout": r.stack,
+                    "crashed": r.headline + "\n" + r.stderr}[self.status]
+            if self.match and not re.search(self.match, text):
+                problems.append(f"rank {r.rank}: /{self.match}/ not found in its "
+                                f"{ {'error': 'error message', 'timeout': 'stack', 'crashed': 'crash report'}[self.status]}")
+        return problems
+
+    def _check_metric(self, result: RunResult) -> list[str]:
+        try:
+            if self.metric_rank is None:
+                value = max(float(v[self.metric]) for v in result.values if v is not None)
+            else:
+                value = float(result.ranks[self.metric_rank].value[self.metric])
+        except (KeyError, TypeError, ValueError, IndexError) as exc:
+            return [f"no metric {self.metric!r} in the ranks' values ({exc!r})"]
+        problems = []
+        if self.above is not None and not value > self.above:
+            problems.append(f"{self.metric} = {value:.4g}, expected > {self.above:g}")
+        if self.below is not None and not value < self.below:
+            problems.append(f"{self.metric} = {value:.4g}, expected < {self.below:g}")
+        return problems
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One way to run a scenario: a per-rank function, its keyword arguments, launch options,
+    and the declared outcome."""
+
+    fn: Callable[..., Any]
+    expect: Expect
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+    world_size: int = 2
+    timeout: float = 30.0
+    env: Mapping[str, str] = field(default_factory=dict)
+    init_process_group: bool = True
+    grace: float = 5.0
+    start_method: str = "auto"
+
+    def with_kwargs(self, **kwargs) -> "Variant":
+        """The same variant with some arguments replaced (e.g. the learner's own module)."""
+        return replace(self, kwargs={**self.kwargs, **kwargs})
+
+    def run(self, *, world_size: int | None = None, timeout: float | None = None,
+            label: str = "", **kwargs) -> RunResult:
+        from .launcher import launch
+
+        return launch(self.fn, world_size=world_size or self.world_size,
+                      timeout=timeout or self.timeout, env=dict(self.env),
+                      init_process_group=self.init_process_group, grace=self.grace,
+                      start_method=self.start_method, label=label, **{**self.kwargs, **kwargs})
+
+
+@dataclass(frozen=True)
+class ModuleCase:
+    """For scenarios whose bug lives in the module itself: how the doctor builds and feeds it.
+    `broken` / `fixed` are module classes or zero-argument factories; `input(rank)` returns the
+    example batch (a tensor or a tuple of positional arguments) for that rank. The doctor must
+    flag `broken` with a finding (error or warning) whose lesson is the scenario's lesson, and
+    give `fixed` no error-level finding."""
+
+    broken: Callable[[], Any]
+    fixed: Callable[[], Any]
+    input: Callable[[int], Any]
+    amp: str | None = None  # "bf16" / "fp16" when the bug shows only under autocast
+
+
+@dataclass(frozen=True)
+class Scenario:
+    lesson: str
+    name: str
+    title: str
+    broken: Variant
+    fixed: Variant
+    summary: str = ""  # one line: what goes wrong, and the fix
+    module: ModuleCase | None = None  # set when the bug lives in the module (the doctor uses it)
+
+    @property
+    def key(self) -> str:
+        return f"{self.lesson}/{self.name}"
+
+    def variant(self, which: str) -> Variant:
+        if which not in VARIANTS:
+            raise ValueError(f"unknown variant {which!r}: use 'broken' or 'fixed'")
+        return getattr(self, which)
+
+    def run(self, which: str = "broken", **kwargs) -> RunResult:
+        return self.variant(which).run(label=f"{self.key} {which}", **kwargs)
+
+    def check(self, which: str, result: RunResult) -> list[str]:
+        return self.variant(which).expect.check(result)
+
+
+@dataclass
+class Lesson:
+    id: str
+    title: str
+    notebook: str
+    scenarios: list[Scenario]
+    # results[scenario name][variant] -> RunResult  ==>  {figure name: matplotlib Figure}
+    figures: Callable[[Mapping[str, Mapping[str, RunResult]]], dict[str, Any]] | None = None
+
+    def scenario(self, name: str) -> Scenario:
+        for s in self.scenarios:
+            if s.name == name:
+                return s
+        names = ", ".join(s.name for s in self.scenarios)
+        raise KeyError(f"lesson {self.id} has no scenario {name!r}; it has: {names}")
+
+
+def lessons() -> dict[str, Lesson]:
+    """Every lesson in ddp_lab.lessons, by id, in order."""
+    from . import lessons as pkg
+
+    found = {}
+    for info in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda i: i.name):
+        if re.fullmatch(r"l\d\d_\w+", info.name):
+            mod = importlib.import_module(f"{pkg.__name__}.{info.name}")
+            lesson = getattr(mod, "LESSON", None)
+            if lesson is not None:
+                found[lesson.id] = lesson
+    return found
+
+
+def get_lesson(lesson_id: str) -> Lesson:
+    all_lessons = lessons()
+    key = lesson_id.zfill(2) if lesson_id.isdigit() else lesson_id
+    if key not in all_lessons:
+        raise KeyError(f"no lesson {lesson_id!r}; lessons: {', '.join(all_lessons)}")
+    return all_lessons[key]
+
+
+def get_scenario(lesson_id: str, name: str) -> Scenario:
+    return get_lesson(lesson_id).scenario(name)

@@ -1,0 +1,249 @@
+"""Plain records of a launch: one `RankResult` per rank, gathered in a `RunResult`.
+
+These are dataclasses that pickle without torch.distributed, so a run can be saved and reloaded.
+Their text form is deterministic (no times, ports, PIDs, addresses or machine paths), so a
+notebook that displays one can be compared by nbval.
+"""
+from __future__ import annotations
+
+import html
+import pickle
+import re
+import signal
+from dataclasses import dataclass, field
+from typing import Any
+
+STATUSES = ("ok", "error", "timeout", "crashed")
+_SEVERITY = {"ok": 0, "error": 1, "timeout": 2, "crashed": 3}
+
+_ADDRESS = re.compile(r"\[?(?:\d{1,3}\.){3}\d{1,3}\]?:\d+|\[?localhost\]?:\d+")
+_HEX = re.compile(r"0x[0-9a-fA-F]{6,}")
+_PATH = re.compile(r"(?:/[^\s\"',:()\[\]]+)+/((?:torch|ddp_lab|third_party)/[^\s\"',:()\[\]]*)")
+# Errors a rank raises because a peer died or stopped, not because of its own bug.
+_COLLATERAL = re.compile(r"Connection closed by peer|Connection reset by peer|Broken pipe|"
+                         r"ECONNRESET|EPIPE|communicator was aborted|Socket Timeout|"
+                         r"failed to recv|failed to send|Timed out waiting", re.I)
+_PID = re.compile(r"\b(pid|PID|process)[ =:]+\d+")
+
+
+def sanitize(text: str) -> str:
+    """Remove what varies between runs: addresses and ports, memory addresses, machine paths."""
+    text = _ADDRESS.sub("<addr>", text)
+    text = _HEX.sub("0x…", text)
+    text = _PATH.sub(lambda m: m.group(1), text)
+    return _PID.sub(lambda m: f"{m.group(1)} <pid>", text)
+
+
+def signal_name(exitcode: int | None) -> str | None:
+    """`-11` (as subprocess reports a signal) -> "SIGSEGV"; None for a normal exit."""
+    if exitcode is None or exitcode >= 0:
+        return None
+    try:
+        return signal.Signals(-exitcode).name
+    except ValueError:
+        return f"signal {-exitcode}"
+
+
+@dataclass
+class ErrorInfo:
+    """The real exception a rank raised: its class name, message and formatted traceback."""
+
+    type: str
+    message: str
+    traceback: str = ""
+
+    @property
+    def first_line(self) -> str:
+        lines = [ln for ln in self.message.strip().splitlines() if ln.strip()]
+        return lines[0] if lines else ""
+
+    def __str__(self) -> str:
+        return f"{self.type}: {self.first_line}"
+
+
+@dataclass
+class RankResult:
+    """What one rank did: its status, return value or error, output, and stack if it hung."""
+
+    rank: int
+    status: str
+    value: Any = None
+    error: ErrorInfo | None = None
+    stdout: str = ""
+    stderr: str = ""
+    stack: str = ""
+    exitcode: int | None = None
+    seconds: float = 0.0
+    failed_at: float | None = None  # wall-clock time of the failure, for root-cause ordering
+    note: str = ""  # why the launcher stopped this rank, when it did
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    @property
+    def signal(self) -> str | None:
+        return signal_name(self.exitcode)
+
+    @property
+    def headline(self) -> str:
+        """One deterministic line: what happened on this rank."""
+        if self.status == "ok":
+            return "ok"
+        if self.status == "error" and self.error:
+            return sanitize(str(self.error))
+        if self.status == "crashed":
+            if self.signal:
+                return f"killed by {self.signal}"
+            return f"exited with status {self.exitcode} without a Python exception"
+        if self.status == "timeout":
+            where = self.stuck_in()
+            return f"timed out{' in ' + where if where else ''}"
+        return self.status
+
+    @property
+    def is_collateral(self) -> bool:
+        """True when this rank failed because another did: stopped by the launcher, or an error
+        that only says a peer went away."""
+        if self.note:
+            return True
+        return bool(self.error and _COLLATERAL.search(self.error.message))
+
+    def stuck_in(self) -> str:
+        """The innermost torch.distributed call in the main thread's stack, if any."""
+        frames = main_thread_frames(self.stack)
+        for filename, func in frames:  # most recent call first
+            if "torch/distributed" in filename and not func.startswith(("wrapper", "_")):
+                return f"{func}()"
+        return frames[0][1] + "()" if frames else ""
+
+    def stack_summary(self) -> str:
+        """The stack dump, sanitized, without the launcher's own frames below the function."""
+        keep = []
+        for line in self.stack.splitlines():
+            if "ddp_lab/_rank.py" in line or "ddp_lab/_forkserver.py" in line or "<frozen runpy>" in line:
+                continue
+            keep.append(line)
+        return sanitize("\n".join(keep).strip())
+
+
+_FRAME = re.compile(r'File "([^"]+)", line \d+ in (\S+)')
+
+
+def main_thread_frames(stack: str) -> list[tuple[str, str]]:
+    """(filename, function) of the main thread's frames, innermost first, from a faulthandler dump."""
+    blocks = re.split(r"\n(?=(?:Current thread|Thread) 0x)", stack)
+    main = [b for b in blocks if "<module>" in b or "_rank_main" in b or "child_main" in b]
+    block = main[0] if main else (blocks[0] if blocks else "")
+    return _FRAME.findall(block)
+
+
+class DistributedRunError(RuntimeError):
+    """A launch did not end "ok"; the message names the root-cause rank first."""
+
+    def __init__(self, result: "RunResult"):
+        self.result = result
+        super().__init__(result.describe_failure())
+
+
+@dataclass
+class RunResult:
+    """A whole launch. `status` is the worst rank's: crashed > timeout > error > ok."""
+
+    ranks: list[RankResult]
+    backend: str = "gloo"
+    timeout: float = 0.0
+    seconds: float = 0.0
+    label: str = ""
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def world_size(self) -> int:
+        return len(self.ranks)
+
+    @property
+    def status(self) -> str:
+        return max((r.status for r in self.ranks), key=_SEVERITY.__getitem__, default="ok")
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    @property
+    def values(self) -> list[Any]:
+        return [r.value for r in self.ranks]
+
+    @property
+    def failures(self) -> list[RankResult]:
+        """Failed ranks, root cause first: errors and crashes by the time they happened, then
+        ranks the launcher had to stop."""
+        bad = [r for r in self.ranks if not r.ok]
+        own = [r for r in bad if not r.is_collateral]
+        same = len({r.headline for r in own}) <= 1  # the same failure everywhere: no race to tell
+        return sorted(bad, key=lambda r: (r.is_collateral, 0.0 if same else (r.failed_at or 0.0),
+                                          r.failed_at is None, r.rank))
+
+    @property
+    def root_cause(self) -> RankResult | None:
+        failures = self.failures
+        return failures[0] if failures else None
+
+    def _root_is_distinct(self) -> bool:
+        """A root cause is worth pointing at when other ranks failed differently after it."""
+        root = self.root_cause
+        return bool(root and root.status in ("error", "crashed")
+                    and any(r.headline != root.headline for r in self.failures[1:]))
+
+    def describe_failure(self) -> str:
+        if self.ok:
+            return "all ranks ok"
+        root = self.root_cause
+        lines = [f"rank {root.rank} failed first: {root.headline}"]
+        lines += [f"then rank {r.rank}: {r.headline}" for r in self.failures[1:]]
+        if root.error and root.error.traceback:
+            lines += ["", f"traceback of rank {root.rank}:", sanitize(root.error.traceback)]
+        elif root.stack:
+            lines += ["", f"stack of rank {root.rank}:", root.stack_summary()]
+        return "\n".join(lines)
+
+    def raise_for_status(self) -> "RunResult":
+        if not self.ok:
+            raise DistributedRunError(self)
+        return self
+
+    def output(self, stream: str = "stdout") -> str:
+        """Every rank's output, in rank order, each line prefixed `[rank N]`."""
+        out = []
+        for r in self.ranks:
+            for line in getattr(r, stream).splitlines():
+                out.append(f"[rank {r.rank}] {line}")
+        return "\n".join(out)
+
+    def print_output(self, stream: str = "stdout") -> None:
+        text = self.output(stream)
+        if text:
+            print(sanitize(text))
+
+    def save(self, path) -> None:
+        with open(path, "wb") as f:
+            pickle.dump(self, f)
+
+    @staticmethod
+    def load(path) -> "RunResult":
+        with open(path, "rb") as f:
+            return pickle.load(f)
+
+    def __repr__(self) -> str:
+        head = f"RunResult({self.label + ': ' if self.label else ''}{self.status}, "
+        head += f"world_size={self.world_size}, backend={self.backend})"
+        rows = [head]
+        root = self.root_cause
+        for r in self.ranks:
+            mark = "  <- root cause" if root is r and self._root_is_distinct() else ""
+            rows.append(f"  rank {r.rank}: {r.status:<8} {r.headline if not r.ok else ''}{mark}".rstrip())
+        return "\n".join(rows)
+
+    def _repr_html_(self) -> str:
+        from .display import run_result_html
+
+        return run_result_html(self)

@@ -1,0 +1,37 @@
+"""A small ipywidgets panel for the "try it yourself" part of a lesson: choose world size and
+variant, run the scenario on real ranks, read every rank's outcome."""
+from __future__ import annotations
+
+from .registry import Scenario
+
+
+def scenario_panel(scenario: Scenario, max_world_size: int = 4):
+    """World size, broken/fixed, a run button and a per-rank output area for `scenario`."""
+    import ipywidgets as w
+    from IPython.display import display
+
+    size = w.IntSlider(value=scenario.broken.world_size, min=1, max=max_world_size,
+                       description="world size")
+    which = w.ToggleButtons(options=["broken", "fixed"], value="broken", description="variant")
+    button = w.Button(description="run on real ranks", button_style="primary", icon="play")
+    out = w.Output()
+
+    def run(_=None):
+        out.clear_output()
+        with out:
+            button.disabled = True
+            try:
+                result = scenario.run(which.value, world_size=size.value)
+                display(result)
+                problems = scenario.check(which.value, result)
+                verdict = "as declared" if not problems else "NOT as declared: " + "; ".join(problems)
+                print(f"{scenario.key} {which.value}: {result.status} ({verdict})")
+                result.print_output()
+            finally:
+                button.disabled = False
+
+    button.on_click(run)
+    title = w.HTML(f"<b>{scenario.key}</b>: {scenario.title}")
+    panel = w.VBox([title, w.HBox([size, which, button]), out])
+    panel.run = run  # so a cell (or a test) can press the button
+    return panel
