@@ -1,11 +1,12 @@
 """ddp-lab: reproduce the errors of custom modules in PyTorch distributed training, on real ranks."""
+from ._procs import prewarm
 from .launcher import launch
 from .rankinfo import RankInfo, ddp_kwargs, device, rank_info
 from .display import show
 from .results import DistributedRunError, ErrorInfo, RankResult, RunResult
 
 __version__ = "0.1.0"
-__all__ = ["launch", "RunResult", "RankResult", "ErrorInfo", "DistributedRunError", "RankInfo",
+__all__ = ["launch", "prewarm", "RunResult", "RankResult", "ErrorInfo", "DistributedRunError", "RankInfo",
            "rank_info", "device", "ddp_kwargs", "show", "load_ipython_extension"]
 
 

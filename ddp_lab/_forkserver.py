@@ -5,6 +5,7 @@ with nothing of the notebook's state.
 Protocol over a socketpair, length-prefixed pickles:
   client -> server  {"spawn": spec_path}          server -> client  {"spawned": spec_path, "pid": pid}
                                                    server -> client  {"exit": pid, "status": waitstatus}
+                                                   server -> client  {"warm": True} (all preloaded)
 The server exits when the client's end closes (its parent died or it shut the server down), and
 kills the process groups of the children it still has.
 """
@@ -82,11 +83,15 @@ def serve(fd: int, later=()) -> None:
     sel.register(sock, selectors.EVENT_READ)
     sel.register(wakeup_r, selectors.EVENT_READ)
     later = list(later)
+    if not later:
+        send(sock, {"warm": True})
     try:
         while True:
             events = sel.select(timeout=0.05 if later else None)
             if not events and later:
                 _preload(later.pop(0))  # idle: warm one more module, between requests
+                if not later:
+                    send(sock, {"warm": True})
             for key, _ in events:
                 if key.fileobj is sock:
                     request = recv(sock)
@@ -115,6 +120,8 @@ def main() -> None:
 
 
 def _preload(name: str) -> None:
+    import gc
+
     try:
         if name == "@lessons":
             from ddp_lab.registry import lessons
@@ -124,6 +131,8 @@ def _preload(name: str) -> None:
             __import__(name)
     except Exception:
         pass  # a rank that needs it will raise the real import error itself
+    gc.collect()
+    gc.freeze()  # ranks' garbage collections skip (and so never copy) the preloaded objects
 
 
 if __name__ == "__main__":

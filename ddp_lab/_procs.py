@@ -50,6 +50,7 @@ class _ForkServer:
         self.exits: dict[int, int] = {}
         self.spawned: dict[str, int] = {}
         self.alive = True
+        self.warm = False  # every module preloaded
         threading.Thread(target=self._read, name="ddp-lab-forkserver", daemon=True).start()
 
     def _read(self) -> None:
@@ -59,6 +60,8 @@ class _ForkServer:
                 with self.changed:
                     if "exit" in msg:
                         self.exits[msg["exit"]] = os.waitstatus_to_exitcode(msg["status"])
+                    elif "warm" in msg:
+                        self.warm = True
                     else:
                         self.spawned[msg["spawned"]] = msg["pid"]
                     self.changed.notify_all()
@@ -76,6 +79,10 @@ class _ForkServer:
                 raise RuntimeError("the ddp_lab fork server did not start a rank; it may have died "
                                    "(run again, or pass start_method='spawn')")
             return ForkedRank(self, self.spawned.pop(spec_path))
+
+    def wait_warm(self, timeout: float) -> bool:
+        with self.changed:
+            return self.changed.wait_for(lambda: self.warm or not self.alive, timeout) and self.warm
 
     def close(self) -> None:
         try:
@@ -150,6 +157,15 @@ def fork_server() -> _ForkServer:
         if _server is None or not _server.alive or _server.proc.poll() is not None:
             _server = _ForkServer({})
         return _server
+
+
+def prewarm(wait: bool = False, timeout: float = 120.0) -> bool:
+    """Start the fork server now (it preloads torch, then what DDP imports); with `wait`, block
+    until it has preloaded everything. Returns whether it is fully warm."""
+    if not forkserver_available():
+        return False
+    server = fork_server()
+    return server.wait_warm(timeout) if wait else server.warm
 
 
 def shutdown() -> None:

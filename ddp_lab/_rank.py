@@ -68,15 +68,11 @@ def _init_group(spec: dict) -> None:
 
 def _teardown() -> None:
     try:
-        import gc
-
         import torch.distributed as dist
 
         if dist.is_available() and dist.is_initialized():
-            # Free what the function left (a DDP model's reducer holds the group), and give
-            # gloo's worker threads the GIL to release finished work: a group destroyed while
-            # they wait for the GIL deadlocks in ~ProcessGroupGloo (seen on torch 2.13).
-            gc.collect()
+            # Give gloo's worker threads the GIL to release finished work first: a group
+            # destroyed while they wait for the GIL deadlocks in ~ProcessGroupGloo (torch 2.13).
             time.sleep(0.02)
             dist.destroy_process_group()
     except Exception:

@@ -1,0 +1,87 @@
+"""Per-rank bodies for the launcher tests (importable, so ranks can load them by reference)."""
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+
+def add_ranks(offset=0):
+    t = torch.tensor([float(dist.get_rank() + 1)])
+    dist.all_reduce(t)
+    return {"rank": dist.get_rank(), "sum": t.item() + offset, "env": {
+        k: os.environ[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}}
+
+
+def raise_on_rank(rank=1):
+    if dist.get_rank() == rank:
+        torch.zeros(3)[7]  # a real IndexError from torch
+    t = torch.ones(1)
+    dist.all_reduce(t)
+
+
+def all_reduce_on_rank0_only():
+    t = torch.ones(1)
+    if dist.get_rank() == 0:
+        dist.all_reduce(t)
+    else:
+        time.sleep(60)
+
+
+def exit_3_on_rank1():
+    if dist.get_rank() == 1:
+        os._exit(3)
+    return "survived"
+
+
+def sigkill_rank1():
+    if dist.get_rank() == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(0.2)
+    return "survived"
+
+
+def write_10mb():
+    chunk = "x" * 1023 + "\n"
+    for _ in range(10 * 1024):
+        sys.stdout.write(chunk)
+    sys.stdout.flush()
+    os.write(2, b"fd-level stderr\n")
+    return "done"
+
+
+def return_unpicklable():
+    import threading
+
+    return threading.Lock()
+
+
+def start_grandchild_and_hang():
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    print(f"grandchild {proc.pid}", flush=True)
+    time.sleep(120)
+
+
+def start_grandchild_and_return():
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    return proc.pid
+
+
+def read_env(*names):
+    return {n: os.environ.get(n) for n in names}
+
+
+def debug_level():
+    return str(dist.get_debug_level())
+
+
+def no_group():
+    return dist.is_initialized()
+
+
+def slow_then_ok(seconds=0.5):
+    time.sleep(seconds)
+    return "ok"

@@ -1,0 +1,52 @@
+"""requirements.txt, binder/requirements.txt and environment.yml describe the same environment."""
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _names(lines):
+    names = set()
+    for line in lines:
+        line = line.strip().lstrip("- ").strip()
+        if not line or line.startswith(("#", "-")):
+            continue
+        names.add(re.split(r"[<>=!~\[ ]", line, maxsplit=1)[0].lower().replace("_", "-"))
+    return names
+
+
+def _pip_section_of_environment_yml():
+    lines = (ROOT / "environment.yml").read_text().splitlines()
+    start = next(i for i, l in enumerate(lines) if l.strip() == "- pip:")
+    return [l for l in lines[start + 1:] if l.startswith("      - ")]
+
+
+def test_the_three_environment_files_name_the_same_packages():
+    pip = _names((ROOT / "requirements.txt").read_text().splitlines())
+    binder = _names((ROOT / "binder/requirements.txt").read_text().splitlines())
+    conda = _names(_pip_section_of_environment_yml())
+    assert pip == binder == conda
+    assert {"torch", "cloudpickle", "nbval", "ipywidgets"} <= pip
+
+
+def test_torch_is_pinned_to_one_release_everywhere():
+    for path in ("requirements.txt", "binder/requirements.txt", "environment.yml"):
+        assert re.search(r"^\s*(- )?torch==\d+\.\d+\.\d+\s*$", (ROOT / path).read_text(), re.M), path
+
+
+def test_package_dependencies_are_in_the_environment():
+    import tomllib
+
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    pip = _names((ROOT / "requirements.txt").read_text().splitlines())
+    assert _names(deps) <= pip
+
+
+def test_ci_runs_the_readme_commands_and_strict_nbval():
+    readme = (ROOT / "README.md").read_text()
+    ci = (ROOT / ".ci/run").read_text()
+    commands = re.findall(r"```bash\n(.+?)\n```", readme.split("## Quickstart", 1)[1], re.S)[0].splitlines()
+    commands = [c for c in commands if c and not c.startswith("#")]
+    assert len(commands) == 2
+    assert commands[0].split(" --quiet")[0] in ci.replace(" --quiet", "") and commands[1] in ci
+    assert "--nbval-lax" not in ci + (ROOT / "pyproject.toml").read_text()

@@ -1,0 +1,200 @@
+"""The launcher on real ranks: every status, every fault case, no process left behind."""
+import os
+import pickle
+import threading
+import time
+
+import pytest
+
+import rank_bodies as body
+from conftest import alive
+from ddp_lab import DistributedRunError, RunResult, launch
+
+pytestmark = pytest.mark.usefixtures("no_leftovers")
+
+
+def test_ok_every_rank_returns_and_gets_torchrun_env():
+    result = launch(body.add_ranks, 0.5)
+    assert result.status == "ok" and result.ok
+    assert [v["sum"] for v in result.values] == [3.5, 3.5]
+    envs = [v["env"] for v in result.values]
+    assert [e["RANK"] for e in envs] == ["0", "1"] and [e["LOCAL_RANK"] for e in envs] == ["0", "1"]
+    assert {e["WORLD_SIZE"] for e in envs} == {"2"} and {e["MASTER_ADDR"] for e in envs} == {"127.0.0.1"}
+    assert len({e["MASTER_PORT"] for e in envs}) == 1
+    assert result.raise_for_status() is result
+
+
+def test_world_size_four():
+    result = launch(body.add_ranks, world_size=4)
+    assert result.ok and [v["sum"] for v in result.values] == [10.0] * 4
+
+
+def test_two_launches_back_to_back_and_side_by_side():
+    first, second = launch(body.add_ranks), launch(body.add_ranks)
+    assert first.ok and second.ok
+    assert first.values[0]["env"]["MASTER_PORT"] != second.values[0]["env"]["MASTER_PORT"]
+    results = [None, None]
+
+    def go(i):
+        results[i] = launch(body.add_ranks, i)
+
+    threads = [threading.Thread(target=go, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [r.status for r in results] == ["ok", "ok"]
+    assert [r.values[0]["sum"] for r in results] == [3.0, 4.0]
+
+
+def test_exception_on_one_rank_is_the_root_cause():
+    result = launch(body.raise_on_rank, timeout=20, grace=2)
+    assert result.status == "error"
+    root = result.root_cause
+    assert root.rank == 1 and root.error.type == "IndexError"
+    assert "index 7 is out of bounds" in root.error.message
+    assert "raise_on_rank" in root.error.traceback
+    assert result.failures[0] is root and result.ranks[0].status in ("error", "timeout")
+    assert repr(result).splitlines()[2].endswith("<- root cause")
+    with pytest.raises(DistributedRunError, match="rank 1 failed first: IndexError"):
+        result.raise_for_status()
+
+
+def test_collective_on_rank0_only_times_out_with_stacks_naming_the_call():
+    start = time.time()
+    result = launch(body.all_reduce_on_rank0_only, timeout=3)
+    assert time.time() - start < 3 + 5
+    assert result.status == "timeout"
+    assert [r.status for r in result.ranks] == ["timeout", "timeout"]
+    assert "in all_reduce" in result.ranks[0].stack and "all_reduce_on_rank0_only" in result.ranks[0].stack
+    assert result.ranks[0].stuck_in() == "all_reduce()"
+    assert "in all_reduce_on_rank0_only" in result.ranks[1].stack and "sleep" not in result.ranks[1].headline
+    assert "0x" not in repr(result) and "/" not in repr(result).split("\n", 1)[1]
+
+
+def test_os_exit_3_is_a_crash_with_its_status():
+    result = launch(body.exit_3_on_rank1, timeout=20, grace=2)
+    assert result.status == "crashed"
+    assert result.ranks[1].status == "crashed" and result.ranks[1].exitcode == 3
+    assert result.ranks[1].headline == "exited with status 3 without a Python exception"
+    assert result.ranks[0].status == "ok" and result.ranks[0].value == "survived"
+
+
+def test_sigkill_is_a_crash_with_the_signal_name():
+    result = launch(body.sigkill_rank1, timeout=20, grace=2)
+    assert result.status == "crashed" and result.ranks[1].signal == "SIGKILL"
+    assert result.ranks[1].headline == "killed by SIGKILL"
+
+
+def test_ten_megabytes_of_output_is_captured_whole():
+    result = launch(body.write_10mb, timeout=30)
+    assert result.ok
+    for r in result.ranks:
+        assert len(r.stdout) == 10 * 1024 * 1024
+        assert "fd-level stderr" in r.stderr
+
+
+def test_unpicklable_return_value_is_that_ranks_error():
+    result = launch(body.return_unpicklable, timeout=20)
+    assert result.status == "error"
+    assert all(r.error.type == "TypeError" and "cannot be pickled" in r.error.message for r in result.ranks)
+
+
+def test_grandchild_of_a_hung_rank_is_killed_with_it():
+    result = launch(body.start_grandchild_and_hang, timeout=3)
+    assert result.status == "timeout"
+    pids = [int(r.stdout.split()[1]) for r in result.ranks]
+    time.sleep(0.2)
+    assert not any(alive(p) for p in pids)
+
+
+def test_grandchild_of_a_finished_rank_is_killed_too():
+    result = launch(body.start_grandchild_and_return, timeout=20)
+    assert result.ok
+    time.sleep(0.2)
+    assert not any(alive(p) for p in result.values)
+
+
+def test_env_is_set_before_the_function_runs():
+    result = launch(body.read_env, "DDP_LAB_TEST", env={"DDP_LAB_TEST": "yes"})
+    assert result.values == [{"DDP_LAB_TEST": "yes"}] * 2
+
+
+def test_torch_distributed_debug_takes_effect_in_preloaded_ranks():
+    assert launch(body.debug_level).values[0] == "DebugLevel.OFF"
+    result = launch(body.debug_level, env={"TORCH_DISTRIBUTED_DEBUG": "INFO"})
+    assert result.values == ["DebugLevel.INFO"] * 2
+
+
+def test_import_time_variable_starts_the_launch_by_plain_spawn():
+    # TORCH_CPP_LOG_LEVEL is read when torch's C++ libraries load: only a fresh interpreter sees it.
+    quiet = launch(body.add_ranks, env={"TORCH_CPP_LOG_LEVEL": "ERROR"}, start_method="spawn")
+    loud = launch(body.add_ranks, env={"TORCH_CPP_LOG_LEVEL": "INFO"})
+    assert quiet.ok and loud.ok
+    assert "ProcessGroupGloo" not in quiet.ranks[0].stderr
+    assert "ProcessGroupGloo" in loud.ranks[0].stderr or "[I" in loud.ranks[0].stderr
+
+
+def test_init_process_group_false_leaves_the_group_to_the_function():
+    assert launch(body.no_group, init_process_group=False).values == [False, False]
+    assert launch(body.no_group).values == [True, True]
+
+
+def test_function_defined_here_travels_by_value():
+    class Local:
+        factor = 3
+
+    def local_fn():
+        return Local.factor * 2
+
+    assert launch(local_fn).values == [6, 6]
+
+
+def test_keyboard_interrupt_in_the_parent_leaves_nothing_behind_and_next_launch_works():
+    def interrupt():
+        time.sleep(1.0)
+        import _thread
+        _thread.interrupt_main()
+
+    threading.Thread(target=interrupt).start()
+    with pytest.raises(KeyboardInterrupt):
+        launch(body.all_reduce_on_rank0_only, timeout=30)
+    assert launch(body.add_ranks).ok
+
+
+def test_result_saves_and_loads_without_torch_distributed(tmp_path):
+    result = launch(body.add_ranks)
+    result.save(tmp_path / "run.pkl")
+    loaded = RunResult.load(tmp_path / "run.pkl")
+    assert repr(loaded) == repr(result) and loaded.values == result.values
+    assert "torch.distributed" not in pickle.dumps(loaded).decode("latin-1")
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    ({"world_size": 0}, ValueError, "world_size must be an integer >= 1"),
+    ({"world_size": 1.5}, ValueError, "world_size must be an integer >= 1"),
+    ({"timeout": 0}, ValueError, "timeout must be a number of seconds > 0"),
+    ({"timeout": -3}, ValueError, "timeout must be a number of seconds > 0"),
+    ({"backend": "mpi"}, ValueError, "unknown backend 'mpi'"),
+    ({"backend": "nccl"}, RuntimeError, "backend 'nccl' needs one GPU per rank"),
+    ({"env": ["A=1"]}, TypeError, "env must be a dict"),
+    ({"start_method": "fork"}, ValueError, "unknown start_method 'fork'"),
+])
+def test_bad_input_is_refused_before_any_process_starts(kwargs, error, match):
+    before = len(os.listdir("/proc"))
+    with pytest.raises(error, match=match):
+        launch(body.add_ranks, **kwargs)
+    assert len(os.listdir("/proc")) <= before + 2
+
+
+def test_unpicklable_function_or_argument_is_named():
+    lock = threading.Lock()
+    with pytest.raises(TypeError, match=r"argument 0 \(lock\) .*cannot be pickled"):
+        launch(body.add_ranks, lock)
+    with pytest.raises(TypeError, match="needs a function"):
+        launch("not a function")
+
+
+def test_text_repr_is_deterministic():
+    texts = {repr(launch(body.raise_on_rank, timeout=20, grace=2)) for _ in range(2)}
+    assert len(texts) == 1

@@ -1,0 +1,29 @@
+"""Lesson 00 beyond its declarations: each step of the source document's example."""
+import pytest
+
+from ddp_lab.lessons import l00_launching_ranks as l00
+
+
+@pytest.mark.parametrize("fixes", range(len(l00.SOURCE_STEPS)))
+def test_each_step_of_the_source_example_fails_or_passes_as_declared(fixes):
+    result = l00._source_variant(fixes).run()
+    assert l00.SOURCE_STEPS[fixes].check(result) == []
+
+
+def test_every_fix_applies_and_has_a_diff():
+    assert len(l00.SOURCE_STEPS) == len(l00.SOURCE_FIXES) + 1
+    for k in range(1, len(l00.SOURCE_FIXES) + 1):
+        assert l00.source_fix_diff(k).startswith("--- step")
+
+
+def test_the_corrected_example_trains_on_every_rank():
+    result = l00._source_variant(len(l00.SOURCE_FIXES)).run()
+    losses = [v["losses"] for v in result.values]
+    assert all(len(l) == 20 and l[-1] < 0.8 * l[0] for l in losses)
+
+
+def test_figure_has_labelled_axes():
+    result = l00.LESSON.scenario("source_example").run("fixed")
+    fig = l00.figures({"source_example": {"fixed": result}})["source_example_losses"]
+    ax = fig.axes[0]
+    assert ax.get_xlabel() and ax.get_ylabel() and len(ax.lines) == 2

@@ -1,0 +1,55 @@
+"""Every scenario of every lesson, broken and fixed, on real ranks, against its declaration."""
+import pytest
+
+from ddp_lab.registry import Expect, Lesson, Scenario, Variant, lessons
+from ddp_lab.results import ErrorInfo, RankResult, RunResult
+
+ALL = [(s, v) for lesson in lessons().values() for s in lesson.scenarios for v in ("broken", "fixed")]
+
+
+@pytest.mark.parametrize("scenario, which", ALL, ids=[f"{s.key}-{v}" for s, v in ALL])
+def test_scenario_is_as_declared(scenario, which):
+    result = scenario.run(which)
+    assert scenario.check(which, result) == []
+    if which == "fixed":
+        assert result.status == "ok"
+
+
+def test_lessons_are_numbered_and_named_like_their_notebooks():
+    found = lessons()
+    assert "00" in found
+    for key, lesson in found.items():
+        assert lesson.notebook.startswith(key + "_")
+        assert lesson.scenarios and len({s.name for s in lesson.scenarios}) == len(lesson.scenarios)
+        assert all(s.lesson == key for s in lesson.scenarios)
+
+
+def _result(*ranks):
+    return RunResult(list(ranks))
+
+
+def test_expect_can_fail_on_each_field():
+    err = RankResult(1, "error", error=ErrorInfo("RuntimeError", "boom here"), failed_at=1.0)
+    ok = RankResult(0, "ok", value={"drift": 0.5})
+    run = _result(ok, err)
+    assert Expect("error", "RuntimeError", "boom", ranks=(1,)).check(run) == []
+    assert Expect("ok").check(run)  # wrong status
+    assert Expect("error", "ValueError").check(run)  # wrong type
+    assert Expect("error", match="bang").check(run)  # wrong message
+    assert Expect("error", ranks=(0,)).check(run)  # wrong rank
+    fine = _result(ok, RankResult(1, "ok", value={"drift": 0.5}))
+    assert Expect("ok", metric="drift", above=0.1).check(fine) == []
+    assert Expect("ok", metric="drift", below=0.1).check(fine)
+    assert Expect("ok", metric="missing", above=0).check(fine)
+    hung = _result(RankResult(0, "timeout", stack='File "x.py", line 3 in all_reduce'))
+    assert Expect("timeout", match="all_reduce").check(hung) == []
+    assert Expect("timeout", match="barrier").check(hung)
+
+
+def test_unknown_lesson_and_scenario_are_named():
+    from ddp_lab.registry import get_lesson
+
+    with pytest.raises(KeyError, match="no lesson '99'"):
+        get_lesson("99")
+    with pytest.raises(KeyError, match="has no scenario 'nope'; it has: "):
+        get_lesson("00").scenario("nope")
