@@ -162,7 +162,9 @@ def fork_server() -> _ForkServer:
 def prewarm(wait: bool = False, timeout: float = 120.0) -> bool:
     """Start the fork server now (it preloads torch, then what DDP imports); with `wait`, block
     until it has preloaded everything. Returns whether it is fully warm."""
-    if not forkserver_available():
+    from .rankinfo import in_torchrun
+
+    if not forkserver_available() or in_torchrun():  # torchrun's ranks run scenarios in-process
         return False
     server = fork_server()
     return server.wait_warm(timeout) if wait else server.warm

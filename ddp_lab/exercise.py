@@ -2,7 +2,7 @@
 scenario's fixed variant, and say whether it meets the fixed variant's declared outcome."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .registry import Scenario
 from .results import RunResult
@@ -29,10 +29,19 @@ class Verdict:
         return f'<div style="border-left:4px solid {colour};padding:4px 8px">{body}</div>'
 
 
-def check(scenario: Scenario, *, world_size: int | None = None, **kwargs) -> Verdict:
+def check(scenario: Scenario, *, fn=None, world_size: int | None = None,
+          timeout: float | None = None, **kwargs) -> Verdict:
     """Run `scenario`'s fixed variant with `kwargs` replaced by the learner's (e.g. their module
-    class) on real ranks, and compare with what the fixed variant must do."""
+    class), or the learner's own per-rank function `fn` (called with `kwargs` only), on real
+    ranks, and compare with what the fixed variant must do.
+
+    Where the lesson's bug is a hang, an attempt that still hangs is stopped after the broken
+    variant's (short) timeout rather than the fixed one's."""
     variant = scenario.fixed.with_kwargs(**kwargs)
-    result = variant.run(world_size=world_size, label=f"{scenario.key} yours")
+    if fn is not None:
+        variant = replace(variant, fn=fn, kwargs=kwargs)
+    if timeout is None and scenario.broken.expect.status == "timeout":
+        timeout = scenario.broken.timeout
+    result = variant.run(world_size=world_size, timeout=timeout, label=f"{scenario.key} yours")
     problems = variant.expect.check(result)
     return Verdict(not problems, scenario.key, problems, result)

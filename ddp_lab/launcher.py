@@ -46,8 +46,8 @@ def launch(fn: Callable, *args, world_size: int = 2, backend: str = "auto", time
     """Run `fn(*args, **kwargs)` once per rank, each rank a fresh process, and return a
     `RunResult` with every rank's status, value or error, output and (if it hung) stack.
 
-    `timeout` bounds the whole launch; ranks still running then have their stacks captured
-    and are killed. After a rank fails, the others get `grace` seconds to finish or fail on
+    `timeout` bounds the ranks' run, counted once every rank has started (a cold fork server
+    first imports torch); ranks still running then have their stacks captured and are killed. After a rank fails, the others get `grace` seconds to finish or fail on
     their own before they are stopped the same way.
     """
     _check_args(fn, world_size, timeout, env, start_method, grace)
@@ -71,7 +71,7 @@ def launch(fn: Callable, *args, world_size: int = 2, backend: str = "auto", time
         for r in range(world_size):
             ranks.append(_start_rank(r, workdir, payload, base_env, backend, timeout,
                                      init_process_group, start_method, world_size))
-        _watch(ranks, start + timeout, grace)
+        _watch(ranks, time.time() + timeout, grace)  # counted from when every rank is started
         return _collect(ranks, backend, timeout, time.time() - start, label, start)
     finally:
         for rk in ranks:

@@ -12,10 +12,26 @@ RANK_COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b"
 BROKEN, FIXED = "#c0392b", "#27ae60"
 
 
+def show_figures_in_ipython() -> None:
+    """Let IPython draw a pyplot-free Figure as a PNG (pyplot registers this only when imported)."""
+    try:
+        from IPython import get_ipython
+        from IPython.core.pylabtools import print_figure
+        from matplotlib.figure import Figure
+    except ImportError:
+        return
+    shell = get_ipython()
+    if shell is not None:
+        formatter = shell.display_formatter.formatters["image/png"]
+        formatter.for_type(Figure, lambda fig: print_figure(fig, "png", bbox_inches="tight"))
+
+
 def figure(ncols: int = 2, nrows: int = 1, title: str = "", width: float = 5.2, height: float = 3.6,
            sharey: bool = False):
     """A new Figure with `nrows` x `ncols` axes (a flat list of axes is returned with it)."""
     from matplotlib.figure import Figure
+
+    show_figures_in_ipython()
 
     fig = Figure(figsize=(width * ncols, height * nrows), layout="constrained")
     axes = fig.subplots(nrows, ncols, sharey=sharey, squeeze=False).ravel().tolist()
@@ -86,6 +102,9 @@ def _patch(colour):
 
 
 def _finish(ax, title, xlabel, ylabel, log) -> None:
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps, epochs: whole numbers
     if log:
         ax.set_yscale("symlog", linthresh=1e-8)
     ax.set_title(title)

@@ -91,6 +91,9 @@ class RankResult:
         if self.status == "ok":
             return "ok"
         if self.status == "error" and self.error:
+            if _COLLATERAL.search(self.error.message):
+                # gloo words this differently from run to run; what matters is the same
+                return f"{self.error.type}: lost its connection to a peer (a consequence)"
             return sanitize(str(self.error))
         if self.status == "crashed":
             if self.signal:
@@ -117,11 +120,19 @@ class RankResult:
                 return f"{func}()"
         return frames[0][1] + "()" if frames else ""
 
+    def stack_text(self, limit: int = 8) -> str:
+        """The main thread's innermost `limit` frames when the rank was stopped, most recent call
+        first, as `function  (file)`: no line numbers, so it reads the same on every run."""
+        frames = [(f, fn) for f, fn in main_thread_frames(self.stack)
+                  if not f.endswith(("ddp_lab/_rank.py", "ddp_lab/_forkserver.py")) and f != "<string>"]
+        return "\n".join(f"  {fn}  ({sanitize(f)})" for f, fn in frames[:limit])
+
     def stack_summary(self) -> str:
         """The stack dump, sanitized, without the launcher's own frames below the function."""
         keep = []
         for line in self.stack.splitlines():
-            if "ddp_lab/_rank.py" in line or "ddp_lab/_forkserver.py" in line or "<frozen runpy>" in line:
+            if any(k in line for k in ("ddp_lab/_rank.py", "ddp_lab/_forkserver.py",
+                                       "<frozen runpy>", 'File "<string>"')):
                 continue
             keep.append(line)
         return sanitize("\n".join(keep).strip())

@@ -1,0 +1,66 @@
+"""`ddp-lab doctor path/to/file.py:Name --input "torch.randn(8, 16)"` (also
+`python -m ddp_lab.doctor ...`). Exit status: 0 no error-level finding, 1 some, 2 bad input."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+HELP = "diagnose your own module: static checks, then real ranks under DDP"
+EPILOG = """examples:
+  ddp-lab doctor mymodel.py:Net --input "torch.randn(8, 16)"
+  ddp-lab doctor mymodel.py:make_model --input "(torch.randn(4, 10, 32), torch.ones(4, 10))"
+  ddp-lab doctor mymodel.py:Net --input make_batch --amp bf16 --json
+
+--input is a Python expression evaluated with torch, nn, math and the file's own names: a
+tensor, a tuple (forward's positional arguments), a dict (its keyword arguments), or a
+function rank -> batch. Exit status: 0 no error found, 1 errors found, 2 bad input."""
+
+
+def configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    p.add_argument("target", help="path/to/file.py:Name (an nn.Module class, a zero-argument "
+                                  "factory, or an instance)")
+    p.add_argument("--input", dest="input_expr", required=True, metavar="EXPR",
+                   help='example input, e.g. "torch.randn(8, 16)"')
+    p.add_argument("--world-size", type=int, default=2, help="ranks to run (default 2)")
+    p.add_argument("--steps", type=int, default=3, help="DDP training steps (default 3)")
+    p.add_argument("--amp", choices=("bf16", "fp16"), help="run forward under torch.autocast")
+    p.add_argument("--timeout", type=float, default=60, help="seconds before a hang is reported")
+    p.add_argument("--json", action="store_true", help="the report as JSON")
+    p.add_argument("--traces", action="store_true", help="full tracebacks and stacks in the text")
+    p.set_defaults(func=run)
+    return p
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    """Add `doctor` to the `ddp-lab` command's subparsers."""
+    return configure(subparsers.add_parser(
+        "doctor", help=HELP, description=HELP, epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter))
+
+
+def run(args) -> int:
+    """Load, diagnose, print; the exit status."""
+    from . import doctor
+    from .failures import DoctorBug
+    from .inputs import DoctorInputError
+    from .loader import eval_input, load_target
+
+    try:
+        model, module = load_target(args.target)
+        example = eval_input(args.input_expr, vars(module))
+        report = doctor(model, example, world_size=args.world_size, steps=args.steps,
+                        amp=args.amp, timeout=args.timeout)
+    except DoctorInputError as exc:
+        print(f"ddp-lab doctor: {exc}", file=sys.stderr)
+        return 2
+    except DoctorBug as exc:
+        print(f"ddp-lab doctor: {exc}", file=sys.stderr)
+        return 3
+    print(report.to_json() if args.json else report.text(traces=args.traces))
+    return report.exit_status
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m ddp_lab.doctor", description=HELP, epilog=EPILOG,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    return run(configure(p).parse_args(argv))

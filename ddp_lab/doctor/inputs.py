@@ -1,0 +1,233 @@
+"""What the doctor is given, made uniform: the model (a class, a zero-argument factory or an
+instance), the example input (a tensor, a tuple of positional arguments, a dict of keyword
+arguments, or a callable rank -> batch), the loss, and autocast. Also loading
+Loading `path/to/file.py:Name` for the CLI is in loader.py."""
+from __future__ import annotations
+
+import copy
+import inspect
+import re
+import traceback
+import warnings
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Any, Callable
+
+AMP_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
+_FIT = re.compile(r"shape|size mismatch|must match the size|cannot be multiplied|[Ee]xpected input|"
+                  r"Expected \d+D|dimension|channels|out of range|Expected size|size of tensor|"
+                  r"input of size|batch_size|positional argument|keyword argument|unpack")
+
+
+class DoctorInputError(ValueError):
+    """The doctor cannot start: bad file, name, factory, input, or a module with no parameters.
+    The CLI prints the message and exits with status 2."""
+
+
+@dataclass
+class ModelSource:
+    """How each rank gets its model: a class or factory called there, or an instance shipped
+    by value (each rank receives its own copy)."""
+
+    obj: Any
+    kind: str  # "class", "factory", "instance"
+    name: str
+
+    def build(self):
+        import torch.nn as nn
+
+        if self.kind == "instance":
+            return copy.deepcopy(self.obj)
+        model = self.obj()
+        if not isinstance(model, nn.Module):
+            raise DoctorInputError(f"{self.name} returned a {type(model).__name__}, not an nn.Module")
+        return model
+
+
+def _callable_name(fn) -> str:
+    """`make_model()`; a functools.partial shows its arguments: `Net(RunningCenter, width=4)`."""
+    inner = getattr(fn, "func", None)
+    if inner is None:
+        return f"{getattr(fn, '__name__', type(fn).__name__)}()"
+    args = [getattr(a, "__name__", None) or repr(a)[:20] for a in fn.args]
+    args += [f"{k}={getattr(v, '__name__', None) or repr(v)[:20]}" for k, v in fn.keywords.items()]
+    return f"{getattr(inner, '__name__', type(inner).__name__)}({', '.join(args)})"
+
+
+def resolve_model(model) -> ModelSource:
+    import torch.nn as nn
+
+    if isinstance(model, nn.Module):
+        return ModelSource(model, "instance", f"{type(model).__name__} instance")
+    if inspect.isclass(model):
+        if not issubclass(model, nn.Module):
+            raise DoctorInputError(f"{model.__name__} is not an nn.Module subclass")
+        return ModelSource(model, "class", model.__name__)
+    if callable(model):
+        return ModelSource(model, "factory", _callable_name(model))
+    raise DoctorInputError(f"the model must be an nn.Module class, a factory or an instance, "
+                           f"got {type(model).__name__}")
+
+
+def first_instance(source: ModelSource):
+    """One instance for the static checks; a factory that raises is bad input."""
+    try:
+        return source.build()
+    except DoctorInputError:
+        raise
+    except Exception as exc:
+        raise DoctorInputError(f"building {source.name} raised {type(exc).__name__}: {exc}\n"
+                               + _last_frames(exc)) from exc
+
+
+def _last_frames(exc: BaseException, n: int = 3) -> str:
+    """The innermost `n` frames of the exception: the user's, and the one that raised (the
+    doctor's own and torch's inner frames left out), file names short."""
+    from .trace import short_file
+
+    tb = traceback.extract_tb(exc.__traceback__)
+    frames = [f for f in tb if "/ddp_lab/doctor/" not in f.filename.replace("\\", "/")
+              and ("/torch/" not in f.filename.replace("\\", "/") or f is tb[-1])][-n:]
+    return "\n".join(f'  File "{short_file(f.filename)}", line {f.lineno}, in {f.name}'
+                     + (f"\n    {f.line.strip()}" if f.line else "") for f in frames)
+
+
+# ---- the input -------------------------------------------------------------------------------
+
+def perturb(value, rank: int):
+    """The example input made distinct per rank: floats get rank-scaled noise, integer tensors
+    are rolled along the batch dimension; tuples, lists and dicts item by item."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        if rank == 0:
+            return value.clone()
+        if value.is_floating_point():
+            g = torch.Generator().manual_seed(rank)
+            noise = torch.randn(value.shape, generator=g).to(value.dtype).to(value.device)
+            return value + 0.1 * rank * noise
+        return torch.roll(value, rank, 0) if value.dim() and value.shape[0] > 1 else value.clone()
+    if isinstance(value, (tuple, list)):
+        return type(value)(perturb(v, rank) for v in value)
+    if isinstance(value, dict):
+        return {k: perturb(v, rank) for k, v in value.items()}
+    return value
+
+
+def batch_for(example, rank: int):
+    """The batch rank `rank` feeds the model."""
+    return example(rank) if callable(example) else perturb(example, rank)
+
+
+def move(batch, dev):
+    import torch
+
+    if isinstance(batch, torch.Tensor):
+        return batch.to(dev)
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(move(b, dev) for b in batch)
+    if isinstance(batch, dict):
+        return {k: move(v, dev) for k, v in batch.items()}
+    return batch
+
+
+def call(model, batch):
+    """A tuple is the positional arguments of forward, a dict its keyword arguments."""
+    if isinstance(batch, tuple):
+        return model(*batch)
+    if isinstance(batch, dict):
+        return model(**batch)
+    return model(batch)
+
+
+def autocast(amp: str | None, device_type: str):
+    import torch
+
+    if not amp:
+        return nullcontext()
+    return torch.autocast(device_type=device_type, dtype=getattr(torch, AMP_DTYPES[amp]))
+
+
+def check_amp(amp):
+    if amp not in (None, *AMP_DTYPES):
+        raise DoctorInputError(f"amp must be one of {', '.join(AMP_DTYPES)} (or None), got {amp!r}")
+
+
+# ---- the loss --------------------------------------------------------------------------------
+
+def floating_tensors(output):
+    import torch
+
+    if isinstance(output, torch.Tensor):
+        if output.is_floating_point():
+            yield output
+    elif isinstance(output, (tuple, list)):
+        for o in output:
+            yield from floating_tensors(o)
+    elif isinstance(output, dict):
+        for o in output.values():
+            yield from floating_tensors(o)
+
+
+def default_loss(output):
+    """The sum of every floating-point tensor in the output, each element weighted by a fixed
+    random sign-and-size (the same on every rank). A plain sum would give the layers before a
+    LayerNorm or BatchNorm exactly zero gradient, and the doctor would see them as frozen."""
+    import torch
+
+    total = None
+    for i, t in enumerate(floating_tensors(output)):
+        w = torch.randn(t.shape, generator=torch.Generator().manual_seed(i)).to(t.device)
+        term = (t.float() * w).sum()
+        total = term if total is None else total + term
+    if total is None:
+        raise DoctorInputError("the module's output holds no floating-point tensor: pass loss_fn")
+    return total
+
+
+# ---- checking that the input fits, before any rank starts --------------------------------------
+
+def is_fit_error(exc: BaseException, batch) -> bool:
+    import torch
+
+    msg = str(exc)
+    if "process group" in msg or "distributed" in msg.lower():
+        return False
+    if isinstance(exc, TypeError) and re.search(r"positional argument|keyword argument|missing", msg):
+        return True
+    ints = [t for t in _tensors(batch) if not t.is_floating_point()]
+    if ints and ("dtype" in msg or "scalar type" in msg):
+        return True
+    return isinstance(exc, (RuntimeError, ValueError, IndexError)) and bool(_FIT.search(msg))
+
+
+def _tensors(batch):
+    import torch
+
+    if isinstance(batch, torch.Tensor):
+        yield batch
+    elif isinstance(batch, (tuple, list)):
+        for b in batch:
+            yield from _tensors(b)
+    elif isinstance(batch, dict):
+        for b in batch.values():
+            yield from _tensors(b)
+
+
+def check_fit(model, batch, name: str, amp: str | None, loss_fn: Callable | None) -> None:
+    """Run one forward pass here, without gradients; raise DoctorInputError when the input does
+    not fit the module (the module's own bugs are left for the ranks to show)."""
+    import torch
+
+    try:
+        with torch.no_grad(), autocast(amp, "cpu"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the ranks report PyTorch's warnings
+            out = call(model, batch)
+    except Exception as exc:
+        if is_fit_error(exc, batch):
+            raise DoctorInputError(f"the input does not fit {name}: {type(exc).__name__}: {exc}\n"
+                                   + _last_frames(exc)) from exc
+        return
+    if loss_fn is None and not list(floating_tensors(out)):
+        raise DoctorInputError(f"{name}'s output ({type(out).__name__}) holds no floating-point "
+                               "tensor to build a loss from: pass loss_fn")

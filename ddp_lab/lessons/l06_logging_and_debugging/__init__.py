@@ -1,0 +1,141 @@
+"""Lesson 06: logging and debugging across ranks. Who prints, which rank failed first, what
+TORCH_DISTRIBUTED_DEBUG adds (and where it crashes), the stacks of stuck ranks, a straggler.
+
+The per-rank code is in `ranks.py` (and `torchrun_worker.py`, torchrun's entry point); reading
+runs back (console, debug levels, torchrun's summary, the straggler picture) in `reading.py`.
+"""
+from __future__ import annotations
+
+from ...registry import Expect, Lesson, Scenario, Variant
+from .ranks import (EOS, VOCAB, AuxNet, BothHeads, TokenModel, prepare_then_share, print_and_log, rank_log,
+                    straggler, token_batch, torchrun_job, train_and_log, train_aux, train_tokens,
+                    wait_for_file)
+from .reading import (console_summary, ddp_settings, debug_summary, is_collateral, step_times,
+                      straggler_figure, torchrun_failures)
+
+__all__ = ["LESSON", "DEBUG_LEVELS", "CPP_LOG", "TORCHRUN", "rank0_console_every_rank_record",
+           "EOS", "VOCAB", "AuxNet", "BothHeads", "TokenModel", "prepare_then_share", "print_and_log",
+           "rank_log", "straggler", "token_batch", "torchrun_job", "train_and_log", "train_aux",
+           "train_tokens", "wait_for_file", "console_summary", "ddp_settings", "debug_summary", "is_collateral",
+           "step_times", "straggler_figure", "torchrun_failures"]
+
+REDUCTION = r"Expected to have finished reduction in the prior iteration"
+NAMED = r"Parameters which did not receive grad for rank 0: aux_head.bias, aux_head.weight"
+OUT_OF_RANGE = r"index out of range in self"
+
+
+# -- extra checks (RunResult -> list of problems) ------------------------------------------------
+
+def _floods_console(result):
+    """Every rank put every message on the console twice (print and logging), none says its rank."""
+    s, steps = console_summary(result), result.values[0]["steps"]
+    expected = 2 * result.world_size * (steps + 1)
+    problems = [] if s["lines"] == expected else [f"{s['lines']} console lines, expected {expected}"]
+    return problems + ([f"{s['say_which_rank']} lines say their rank"] if s["say_which_rank"] else [])
+
+
+def rank0_console_every_rank_record(result):
+    """Only rank 0's messages on the console; every rank's messages in its own record."""
+    s, steps = console_summary(result), result.values[0]["steps"]
+    problems = [] if s["lines"] == steps + 1 else [f"{s['lines']} console lines, expected {steps + 1} (rank 0's)"]
+    problems += [f"rank {r.rank} wrote to the console: {r.stdout.splitlines()[0]!r}"
+                 for r in result.ranks[1:] if r.stdout.strip()]
+    problems += [f"rank {rank}'s record holds {n} messages, expected {steps + 1}"
+                 for rank, n in enumerate(s["records"]) if n != steps + 1]
+    return problems
+
+
+def _root_is(rank: int):
+    def check(result):
+        root = result.root_cause
+        others = [r for r in result.failures if r is not root and not r.is_collateral]
+        return ([f"root cause is rank {root.rank}, expected rank {rank}"] if root.rank != rank else []) + \
+            [f"rank {r.rank} failed on its own too: {r.headline}" for r in others]
+    return check
+
+
+def _crashed_building_ddp(result):
+    return [f"rank {r.rank} crashed outside DDP's constructor" for r in result.ranks
+            if r.status == "crashed" and "_ddp_init_helper" not in r.stderr]
+
+
+def _stack_of(rank: int, fragment: str):
+    def check(result):
+        r = result.ranks[rank]
+        return [] if fragment in r.stack else [f"rank {rank} was not stopped {fragment}: {r.stuck_in()}"]
+    return check
+
+
+def _cpp_names_parameters(result):
+    return [] if "Parameter: aux_head.weight did not get gradient" in result.ranks[0].stderr else \
+        ["rank 0's C++ log does not name aux_head.weight"]
+
+
+# -- variants -------------------------------------------------------------------------------------
+
+def _aux(level: str, expect: Expect, model_cls=AuxNet, **env) -> Variant:
+    return Variant(train_aux, expect, kwargs={"model_cls": model_cls},
+                   env={"TORCH_DISTRIBUTED_DEBUG": level, **env}, grace=2)
+
+
+# torch 2.13.0+cpu, gloo: DETAIL wraps the group in a checker that DDP's constructor trips over
+# (SIGSEGV). When a release fixes it, this declaration fails: update lessons 06 and 03 then.
+DETAIL_CRASH = Expect("crashed", match="SIGSEGV", extra=_crashed_building_ddp)
+DEBUG_LEVELS = {
+    "OFF": _aux("OFF", Expect("error", "RuntimeError", REDUCTION, ranks=(0, 1))),
+    "INFO": _aux("INFO", Expect("error", "RuntimeError", NAMED, ranks=(0,))),
+    "DETAIL": _aux("DETAIL", DETAIL_CRASH),
+}
+# C++ logs (read when torch is imported, so this launch starts its ranks by plain spawn).
+CPP_LOG = _aux("INFO", Expect("error", "RuntimeError", NAMED, ranks=(0,), extra=_cpp_names_parameters),
+               TORCH_CPP_LOG_LEVEL="INFO")
+TORCHRUN = Variant(torchrun_job, Expect("error", "ChildFailedError", OUT_OF_RANGE, ranks=(0,)),
+                   world_size=1, init_process_group=False, timeout=120, grace=1)
+
+
+def figures(results) -> dict:
+    run = results["straggler"]
+    return {"straggler_timeline": straggler_figure(run["broken"], run["fixed"])}
+
+
+LESSON = Lesson(
+    id="06",
+    title="Logging and debugging across ranks",
+    notebook="06_logging_and_debugging",
+    figures=figures,
+    scenarios=[
+        Scenario("06", "every_rank_prints", "Every rank prints and logs",
+                 broken=Variant(train_and_log, Expect("ok", extra=_floods_console),
+                                kwargs={"report": print_and_log}),
+                 fixed=Variant(train_and_log, Expect("ok", extra=rank0_console_every_rank_record),
+                               kwargs={"report": rank_log}),
+                 summary="each message once per rank, twice (print and logging), none saying its "
+                         "rank; a rank-aware logger: rank 0 on the console, every rank on record"),
+        Scenario("06", "one_rank_fails", "One rank's batch holds a token the model does not know",
+                 broken=Variant(train_tokens, Expect("error", "IndexError", OUT_OF_RANGE, ranks=(1,),
+                                                     extra=_root_is(1)),
+                                kwargs={"vocab_size": len(VOCAB)}, grace=2),
+                 fixed=Variant(train_tokens, Expect("ok"), kwargs={"vocab_size": len(VOCAB) + 1}),
+                 summary="rank 1 raises IndexError; rank 0's peer error is collateral; size the "
+                         "embedding from the tokenizer, <eos> included"),
+        Scenario("06", "debug_detail", "TORCH_DISTRIBUTED_DEBUG=DETAIL on a correct DDP model",
+                 broken=_aux("DETAIL", DETAIL_CRASH, model_cls=BothHeads),
+                 fixed=_aux("INFO", Expect("ok"), model_cls=BothHeads),
+                 summary="DETAIL segfaults DDP's constructor on torch 2.13 CPU/gloo, bug or no bug; "
+                         "use INFO for DDP (it names unused parameters), DETAIL for collectives"),
+        Scenario("06", "stuck_ranks", "Rank 0 waits at a barrier, rank 1 for a file rank 0 writes after it",
+                 broken=Variant(prepare_then_share, Expect("timeout", match="in barrier", ranks=(0,),
+                                                           extra=_stack_of(1, "in wait_for_file")),
+                                kwargs={"barrier_first": True}, timeout=3),
+                 fixed=Variant(prepare_then_share, Expect("ok", metric="total", above=14.9, below=15.1),
+                               kwargs={"barrier_first": False}),
+                 summary="a collective and a plain wait deadlock; the stacks name both; write, "
+                         "then barrier, then read"),
+        Scenario("06", "straggler", "One rank loads its batches slowly",
+                 broken=Variant(straggler, Expect("ok", metric="wait_s", above=0.075),
+                                kwargs={"slow_rank": 1}),
+                 fixed=Variant(straggler, Expect("ok", metric="wait_s", below=0.075, metric_rank=None),
+                               kwargs={"slow_rank": None}),
+                 summary="rank 0 waits about as long as rank 1's extra loading time, every step"),
+    ],
+)
