@@ -85,3 +85,9 @@ def no_group():
 def slow_then_ok(seconds=0.5):
     time.sleep(seconds)
     return "ok"
+
+
+def write_pid_and_hang(folder):
+    with open(os.path.join(folder, f"rank{dist.get_rank()}.pid"), "w") as f:
+        f.write(str(os.getpid()))
+    time.sleep(120)

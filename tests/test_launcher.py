@@ -198,3 +198,24 @@ def test_unpicklable_function_or_argument_is_named():
 def test_text_repr_is_deterministic():
     texts = {repr(launch(body.raise_on_rank, timeout=20, grace=2)) for _ in range(2)}
     assert len(texts) == 1
+
+
+def test_ranks_and_server_exit_by_themselves_when_the_caller_dies(tmp_path):
+    import subprocess
+    import sys
+
+    script = ("import sys, rank_bodies, ddp_lab\n"
+              f"ddp_lab.launch(rank_bodies.write_pid_and_hang, {str(tmp_path)!r}, timeout=60)\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    caller = subprocess.Popen([sys.executable, "-c", script], env=env)
+    deadline = time.time() + 60
+    while len(list(tmp_path.glob("*.pid"))) < 2 and time.time() < deadline:
+        time.sleep(0.1)
+    pids = [int(p.read_text()) for p in tmp_path.glob("*.pid")]
+    assert len(pids) == 2 and all(alive(p) for p in pids)
+    caller.kill()
+    caller.wait()
+    deadline = time.time() + 10
+    while any(alive(p) for p in pids) and time.time() < deadline:
+        time.sleep(0.1)
+    assert not any(alive(p) for p in pids)

@@ -1,0 +1,128 @@
+"""Lesson 06 beyond the registry's declarations: what each debug level reveals (measured), C++
+logs, torchrun's report of the same failure, the console against the records, the stacks of
+the stuck ranks, the straggler's numbers and picture, and the exercise checker.
+
+The generic test (tests/test_registry.py) runs every scenario broken and fixed against its
+declaration; here each distributed test is a public test plus the lesson's per-rank function."""
+from __future__ import annotations
+
+import pytest
+
+from ddp_lab import launch
+from ddp_lab.exercise import check
+from ddp_lab.lessons import l06_logging_and_debugging as l06
+from ddp_lab.registry import get_lesson
+
+LESSON = get_lesson("06")
+
+
+def _nothing() -> None:
+    return None
+
+
+@pytest.fixture(scope="module", autouse=True)
+def warm_fork_server():
+    """A launch's clock starts before a cold fork server is up: start it before the 3 s hang."""
+    launch(_nothing, world_size=1, timeout=120).raise_for_status()
+
+
+@pytest.fixture(scope="module")
+def levels():
+    runs = {level: variant.run() for level, variant in l06.DEBUG_LEVELS.items()}
+    for level, run in runs.items():
+        assert l06.DEBUG_LEVELS[level].expect.check(run) == [], level
+    return {level: l06.debug_summary(run) for level, run in runs.items()}
+
+
+def test_detail_crashes_ddp_even_on_a_model_without_the_bug():
+    scenario = LESSON.scenario("debug_detail")
+    assert scenario.broken.kwargs["model_cls"] is l06.BothHeads
+    run = l06.DEBUG_LEVELS["INFO"].run(model_cls=l06.BothHeads)  # INFO, same model: fine
+    assert run.ok
+
+
+def test_off_gives_indices_info_gives_names_detail_crashes(levels):
+    assert (levels["OFF"]["names"], levels["OFF"]["indices"]) == ([], ["2", "3"])
+    assert levels["INFO"]["names"] == ["aux_head.bias", "aux_head.weight"]
+    assert (levels["DETAIL"]["status"], levels["DETAIL"]["signal"], levels["DETAIL"]["names"]) == \
+        ("crashed", "SIGSEGV", [])
+
+
+def test_cpp_log_level_adds_lines_that_name_the_parameters_too(levels, no_leftovers):
+    run = l06.CPP_LOG.run()
+    assert l06.CPP_LOG.expect.check(run) == []
+    cpp = l06.debug_summary(run)
+    assert cpp["names"] == ["aux_head.bias", "aux_head.weight"]
+    assert cpp["cpp_log_lines"] >= 3 and levels["INFO"]["cpp_log_lines"] == 0
+    assert cpp["stderr_lines"] > levels["INFO"]["stderr_lines"] + 10  # DDP's whole configuration
+
+
+def test_torchrun_reports_the_same_failure(no_leftovers):
+    run = l06.TORCHRUN.run()
+    assert l06.TORCHRUN.expect.check(run) == []
+    report = l06.torchrun_failures(run.ranks[0].error.message)
+    assert report["failures"][1] == {"exitcode": 1, "error": "IndexError: index out of range in self"}
+    assert l06.is_collateral(report["failures"][0])
+    assert report["root_cause"] in (0, 1)  # whole-second timestamps: a tie names the lower rank
+
+
+def test_torchrun_summary_parser_on_a_known_message():
+    message = ("\n====\nx.py FAILED\n----\nFailures:\n  <NO_OTHER_FAILURES>\n----\n"
+               "Root Cause (first observed failure):\n[0]:\n  time      : 2024-01-01_00:00:00\n"
+               "  host      : h\n  rank      : 3 (local_rank: 1)\n  exitcode  : 1 (pid: 7)\n"
+               "  error_file: <N/A>\n  traceback : To enable traceback see: https://x\n====\n")
+    assert l06.torchrun_failures(message) == {
+        "failures": {3: {"exitcode": 1, "error": "traceback : To enable traceback see: https://x"}},
+        "root_cause": 3}
+    assert l06.is_collateral({"exitcode": -15, "error": ""})
+    assert not l06.is_collateral({"exitcode": 1, "error": "IndexError: index out of range in self"})
+
+
+def test_console_floods_then_only_rank0_speaks_and_every_rank_keeps_a_record():
+    scenario = LESSON.scenario("every_rank_prints")
+    broken, fixed = scenario.run("broken"), scenario.run("fixed")
+    assert l06.console_summary(broken) == {"lines": 16, "distinct": 14, "say_which_rank": 0,
+                                           "records": [0, 0]}
+    assert l06.console_summary(fixed) == {"lines": 4, "distinct": 4, "say_which_rank": 0,
+                                          "records": [4, 4]}
+
+
+def _print_on_rank0(log, text):
+    from ddp_lab import rank_info
+
+    if rank_info().is_main:
+        print(text)
+
+
+def test_checker_wants_every_rank_on_record():
+    verdict = check(LESSON.scenario("every_rank_prints"), report=_print_on_rank0)
+    assert not verdict.passed
+    assert verdict.problems == ["rank 0's record holds 0 messages, expected 4",
+                                "rank 1's record holds 0 messages, expected 4"]
+    assert check(LESSON.scenario("every_rank_prints"), report=l06.rank_log).passed
+
+
+def test_straggler_makes_rank0_wait_every_step_and_the_figure_shows_it():
+    scenario = LESSON.scenario("straggler")
+    runs = {which: scenario.run(which) for which in ("broken", "fixed")}
+    broken_steps = l06.step_times(runs["broken"])
+    assert [len(s) for s in broken_steps] == [4, 4]
+    assert min(min(s) for s in broken_steps) > 0.1  # 0.15 s of loading on rank 1 sets the pace
+    assert runs["broken"].values[1]["wait_s"] < runs["broken"].values[0]["wait_s"] / 3
+    fig = LESSON.figures({"straggler": runs})["straggler_timeline"]
+    for ax in fig.axes[:2]:
+        assert ax.get_xlabel() == "time since the ranks aligned (s)"
+        assert [t.get_text() for t in ax.get_yticklabels()] == ["rank 0", "rank 1"]
+    assert fig.axes[0].get_title().startswith("broken: rank 0 waits")
+
+
+def test_stuck_ranks_are_named_by_their_stacks():
+    run = LESSON.scenario("stuck_ranks").run("broken")
+    assert [r.stuck_in() for r in run.ranks] == ["barrier()", "wait_for_file()"]
+    assert "prepare_then_share" in run.ranks[1].stack_summary()
+
+
+def test_token_batches_hold_eos_only_on_the_bad_rank_and_step():
+    assert (l06.token_batch(1, 1, bad_rank=1) == l06.EOS).sum() == 1
+    assert (l06.token_batch(0, 1, bad_rank=1) == l06.EOS).sum() == 0
+    assert (l06.token_batch(1, 0, bad_rank=1) == l06.EOS).sum() == 0
