@@ -38,7 +38,8 @@ def _every_rank_wrote(result) -> list[str]:
     if v["writers"] != list(range(result.world_size)):
         problems.append(f"writers {v['writers']}, expected every rank")
     if v["distinct_states_written"] != result.world_size:
-        problems.append(f"{v['distinct_states_written']} distinct states written, expected one per rank")
+        problems.append(f"{v['distinct_states_written']} distinct states written, "
+                        "expected one per rank")
     return problems
 
 

@@ -43,7 +43,8 @@ def resume_every_rank_before_wrap(path: str, dev) -> DDP:
     return DDP(net, **ddp_kwargs(dev))
 
 
-def resume_and_train(resume=resume_rank0_after_wrap, steps: int = 3, ckpt_dir: str | None = None) -> dict:
+def resume_and_train(resume=resume_rank0_after_wrap, steps: int = 3,
+                     ckpt_dir: str | None = None) -> dict:
     """Rank 0 saves a trained model; then, as a restarted job does, every rank builds a fresh
     model (same seed), `resume(path, dev)`s it and trains `steps` more steps."""
     dev = device()
@@ -58,11 +59,13 @@ def resume_and_train(resume=resume_rank0_after_wrap, steps: int = 3, ckpt_dir: s
         model = resume(path, dev)
     held = compare_with_checkpoint(trained, model.module.state_dict())
     if not held["is_checkpoint"]:
-        held["holds"] = "initial weights" if fingerprint(model.module.state_dict()) == initial else "other"
+        fresh = fingerprint(model.module.state_dict()) == initial
+        held["holds"] = "initial weights" if fresh else "other"
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     g = torch.Generator().manual_seed(100 + rank_info().rank)
     for _ in range(steps):
-        loss = F.mse_loss(model(torch.randn(16, 8, generator=g).to(dev)), torch.zeros(16, 4, device=dev))
+        x = torch.randn(16, 8, generator=g).to(dev)
+        loss = F.mse_loss(model(x), torch.zeros(16, 4, device=dev))
         opt.zero_grad()
         loss.backward()
         opt.step()
