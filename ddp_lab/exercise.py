@@ -18,7 +18,7 @@ class Verdict:
     def __repr__(self) -> str:
         if self.passed:
             return f"✓ {self.scenario}: your version behaves as the fix must ({self.result.status} on every rank)."
-        lines = [f"✗ {self.scenario}: not yet."] + [f"  - {p}" for p in self.problems]
+        lines = [f"✗ {self.scenario}: not yet."] + [f"  - {p.splitlines()[0]}" for p in self.problems]
         return "\n".join(lines)
 
     def _repr_html_(self) -> str:
@@ -26,6 +26,10 @@ class Verdict:
 
         colour = "#27ae60" if self.passed else "#c0392b"
         body = html.escape(repr(self)).replace("\n", "<br>")
+        details = "\n\n".join(p for p in self.problems if "\n" in p)
+        if details:
+            body += (f"<details><summary>details</summary><pre>{html.escape(details)}</pre>"
+                     "</details>")
         return f'<div style="border-left:4px solid {colour};padding:4px 8px">{body}</div>'
 
 

@@ -149,6 +149,11 @@ def main_thread_frames(stack: str) -> list[tuple[str, str]]:
     return _FRAME.findall(block)
 
 
+def _shape(headline: str) -> str:
+    """A headline with its numbers blanked: `device_ids [0]` and `[1]` are the same failure."""
+    return re.sub(r"\d+", "N", headline)
+
+
 class DistributedRunError(RuntimeError):
     """A launch did not end "ok"; the message names the root-cause rank first."""
 
@@ -190,7 +195,7 @@ class RunResult:
         ranks the launcher had to stop."""
         bad = [r for r in self.ranks if not r.ok]
         own = [r for r in bad if not r.is_collateral]
-        same = len({r.headline for r in own}) <= 1  # the same failure everywhere: no race to tell
+        same = len({_shape(r.headline) for r in own}) <= 1  # the same failure everywhere
         return sorted(bad, key=lambda r: (r.is_collateral, 0.0 if same else (r.failed_at or 0.0),
                                           r.failed_at is None, r.rank))
 
@@ -203,7 +208,7 @@ class RunResult:
         """A root cause is worth pointing at when other ranks failed differently after it."""
         root = self.root_cause
         return bool(root and root.status in ("error", "crashed")
-                    and any(r.headline != root.headline for r in self.failures[1:]))
+                    and any(_shape(r.headline) != _shape(root.headline) for r in self.failures[1:]))
 
     def describe_failure(self) -> str:
         if self.ok:

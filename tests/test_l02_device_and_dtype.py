@@ -141,7 +141,8 @@ def test_figures_have_labelled_axes(runs):
     cells = [t.get_text() for t in map_ax.texts]
     assert any("≠ rank 0" in c for c in cells) and any("float32" in c for c in cells)
     drift_ax = figs["constant_drift"].axes[0]
-    assert drift_ax.get_ylabel() and "freqs (plain)" in [ln.get_label() for ln in drift_ax.get_lines()]
+    assert drift_ax.get_ylabel()
+    assert "freqs (plain)" in [line.get_label() for line in drift_ax.get_lines()]
 
 
 class Smoother(nn.Module):

@@ -29,8 +29,8 @@ def draw_pair(axes, results, name: str, what: str) -> None:
 
 
 def figures(results) -> dict:
-    fig, axes = figure(2, 2, title="How far apart the ranks' copies of each tensor are, step by step",
-                       height=3.4)
+    title = "How far apart the ranks' copies of each tensor are, step by step"
+    fig, axes = figure(2, 2, title=title, height=3.4)
     draw_pair(axes[:2], results, "plain_tensor",
               {"broken": "gain as a plain tensor", "fixed": "gain as nn.Parameter"})
     draw_pair(axes[2:], results, "data_parallel",

@@ -37,38 +37,43 @@ class Held:
 def find_tensors(module: nn.Module) -> dict[str, Held]:
     """Every tensor reachable from `module`'s attributes, by name ("blocks[0].weight")."""
     found: dict[str, Held] = {}
-    _walk(module, "", True, found)
+    _walk(module, "", True, found, set())
     return found
 
 
-def _walk(module: nn.Module, prefix: str, registered: bool, found: dict) -> None:
+def _walk(module: nn.Module, prefix: str, registered: bool, found: dict, seen: set) -> None:
+    if id(module) in seen:  # a module reachable twice (shared, or a back-reference)
+        return
+    seen.add(id(module))
     for name, p in module._parameters.items():
         if p is not None:
-            found[prefix + name] = Held(prefix + name, PARAMETER if registered else PLAIN_CONTAINER, p)
+            how = PARAMETER if registered else PLAIN_CONTAINER
+            found[prefix + name] = Held(prefix + name, how, p)
     for name, b in module._buffers.items():
         if b is not None:
             how = BUFFER_NOT_SAVED if name in module._non_persistent_buffers_set else BUFFER
             found[prefix + name] = Held(prefix + name, how if registered else PLAIN_CONTAINER, b)
     for name, child in module._modules.items():
         if child is not None:
-            _walk(child, f"{prefix}{name}.", registered, found)
+            _walk(child, f"{prefix}{name}.", registered, found, seen)
     for name, value in vars(module).items():
         if name not in _INTERNAL:
-            _walk_value(value, prefix + name, registered, found, top=True)
+            _walk_value(value, prefix + name, registered, found, seen, top=True)
 
 
-def _walk_value(value, name: str, registered: bool, found: dict, top: bool = False) -> None:
+def _walk_value(value, name: str, registered: bool, found: dict, seen: set,
+                top: bool = False) -> None:
     if isinstance(value, torch.Tensor):
         how = PLAIN_ATTRIBUTE if top and registered else PLAIN_CONTAINER
         found[name] = Held(name, how, value)
     elif isinstance(value, nn.Module):
-        _walk(value, name + ".", False, found)
+        _walk(value, name + ".", False, found, seen)
     elif isinstance(value, (list, tuple)):
         for i, item in enumerate(value):
-            _walk_value(item, f"{name}[{i}]", registered, found)
+            _walk_value(item, f"{name}[{i}]", registered, found, seen)
     elif isinstance(value, dict):
         for key, item in value.items():
-            _walk_value(item, f"{name}[{key!r}]", registered, found)
+            _walk_value(item, f"{name}[{key!r}]", registered, found, seen)
 
 
 def trainable(module: nn.Module) -> dict[str, torch.Tensor]:
@@ -77,7 +82,8 @@ def trainable(module: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def unregistered(module: nn.Module) -> list[str]:
-    """Names of the tensors that `parameters()`, `buffers()`, `.to()`, DDP and `state_dict()` miss."""
+    """Names of the tensors that `parameters()`, `buffers()`, `.to()`, DDP and `state_dict()`
+    all miss."""
     return [n for n, h in find_tensors(module).items() if not h.registered]
 
 

@@ -5,8 +5,6 @@ The modules are in `modules.py`, the per-rank code in `runs.py`, the pictures in
 """
 from __future__ import annotations
 
-from dataclasses import replace
-
 import torch
 
 from ...registry import Expect, Lesson, ModuleCase, Scenario, Variant
@@ -79,7 +77,7 @@ LESSON = Lesson(
                          "each rank keeps its own random constant",
                  module=ModuleCase(m.RandomFeatures, m.RandomFeaturesFixed,
                                    _batch(m.RandomFeatures))),
-        Scenario("02", "forward_tensor", "A tensor created in forward with the default device/dtype",
+        Scenario("02", "forward_tensor", "A tensor made in forward with the default device/dtype",
                  broken=_cast(m.TinyRNN, CAST_FAILS), fixed=_cast(m.TinyRNNFixed, Expect("ok")),
                  summary="torch.zeros(n) in forward is float32 on the CPU whatever the module is; "
                          "derive it from the input: x.new_zeros(...)",
@@ -101,7 +99,7 @@ LESSON = Lesson(
                  broken=_materialise("reset_parameters", Expect(
                      "ok", metric="nonfinite_tensors", above=0.5)),
                  fixed=_materialise("init", FINITE),
-                 summary="to_empty() leaves every tensor uninitialised, buffers too; reset_parameters"
-                         "() of the sub-modules misses the module's own buffers"),
+                 summary="to_empty() leaves every tensor uninitialised, buffers too; the "
+                         "sub-modules' reset_parameters() misses the module's own buffers"),
     ],
 )

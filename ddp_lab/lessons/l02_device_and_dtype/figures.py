@@ -66,7 +66,8 @@ def figures(results) -> dict:
     out = {}
     for key, draw, title, height in (
             ("tensor_map", draw_map, "Where each tensor of RandomFeatures lives, by rank", 3.4),
-            ("constant_drift", draw_drift, "A random constant kept as a plain tensor never agrees across ranks", 3.4)):
+            ("constant_drift", draw_drift,
+             "A random constant kept as a plain tensor never agrees across ranks", 3.4)):
         fig, axes = figure(2, title=title, height=height)
         for ax, which in zip(axes, ("broken", "fixed")):
             draw(ax, runs.get(which), which)
