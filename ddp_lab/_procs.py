@@ -65,7 +65,7 @@ class _ForkServer:
                     else:
                         self.spawned[msg["spawned"]] = msg["pid"]
                     self.changed.notify_all()
-        except (EOFError, OSError):
+        except Exception:  # EOF, a closed socket, or a message we cannot read: the server is gone
             with self.changed:
                 self.alive = False
                 self.changed.notify_all()
@@ -76,8 +76,9 @@ class _ForkServer:
         with self.changed:
             ok = self.changed.wait_for(lambda: spec_path in self.spawned or not self.alive, timeout)
             if not ok or spec_path not in self.spawned:
-                raise RuntimeError("the ddp_lab fork server did not start a rank; it may have died "
-                                   "(run again, or pass start_method='spawn')")
+                raise RuntimeError(f"the ddp_lab fork server did not start a rank within {timeout:g} s "
+                                   "(it may have died, or the machine is overloaded); run again, or "
+                                   "pass start_method='spawn'")
             return ForkedRank(self, self.spawned.pop(spec_path))
 
     def wait_warm(self, timeout: float) -> bool:

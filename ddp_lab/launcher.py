@@ -164,7 +164,8 @@ def _start_rank(r, workdir, payload, base_env, backend, timeout, init_pg, start_
         pickle.dump(spec, f)
     rk = _Rank(r, paths)
     if start_method == "forkserver":
-        rk.handle = _procs.fork_server().spawn(spec_path, timeout=max(60.0, timeout))
+        # The server may be busy preloading one module (seconds; more on a loaded machine).
+        rk.handle = _procs.fork_server().spawn(spec_path, timeout=max(180.0, timeout))
     else:
         rk.handle = _procs.SpawnedRank(spec_path, dict(env, PYTHONPATH=os.pathsep.join(sys.path)))
     return rk

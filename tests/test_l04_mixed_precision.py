@@ -66,7 +66,8 @@ def test_float16_without_scaler_zeroes_most_gradients_and_stalls(runs):
     assert fp32["zero_grad_fraction"] < 0.01 and bf16["zero_grad_fraction"] < 0.01
     assert fp16["final_loss"] > 3 * fp32["final_loss"]  # measured ~9x: stalled on a plateau
     assert bf16["final_loss"] < 1.5 * fp32["final_loss"]  # bfloat16 needs no scaler
-    assert fp16["zero_fraction"][-1] > 5 * fp16["zero_fraction"][5]  # worse as the loss shrinks
+    early = sum(fp16["zero_fraction"][1:11]) / 10  # measured ~0.12
+    assert fp16["zero_fraction"][-1] > 3 * early  # ~0.85: worse as the loss shrinks
 
 
 def test_grad_scaler_recovers_float32_training(runs):

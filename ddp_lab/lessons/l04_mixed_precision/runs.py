@@ -142,9 +142,9 @@ def amp_api_step(api: str = "torch.cuda.amp", steps: int = 3) -> dict:
     z, y = (t.to(dev) for t in decoder_data(info.rank))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        if api == "torch.cuda.amp":
+        if api == "torch.cuda.amp":  # as the source document writes it
             scaler = torch.cuda.amp.GradScaler()
-            context = lambda: torch.cuda.amp.autocast(dtype=torch.float16)  # noqa: E731
+            context = torch.cuda.amp.autocast
         else:
             scaler = torch.amp.GradScaler(dev.type)
             context = lambda: torch.autocast(dev.type, dtype=torch.float16)  # noqa: E731

@@ -36,13 +36,13 @@ def draw_peaks(ax, broken_values: list, fixed_values: list) -> None:
 
 
 def draw_retain(ax, retained: dict, detached: dict) -> None:
-    """MiB autograd holds after each step, and resident memory growth, for both loops."""
+    """MiB autograd holds after each step, and the growth of the rank's memory, for both loops."""
     for value, colour, label in ((retained, BROKEN, "retain_graph=True"),
                                  (detached, FIXED, "state detached")):
         steps = range(1, len(value["held_mb"]) + 1)
         ax.plot(steps, value["held_mb"], marker="o", ms=3, color=colour, label=f"{label}: held by autograd")
-        rss = [r - value["rss_mb"][0] for r in value["rss_mb"]]
-        ax.plot(steps, rss, ls="--", color=colour, label=f"{label}: resident memory growth")
+        grown = [mb - value["memory_mb"][0] for mb in value["memory_mb"]]
+        ax.plot(steps, grown, ls="--", color=colour, label=f"{label}: rank memory growth")
     ax.set_title("carried state: memory after each step")
     ax.set_xlabel("training step")
     ax.set_ylabel("MiB")

@@ -66,16 +66,31 @@ def reset_peak_rss() -> bool:
         return False
 
 
+def memory_mb(dev) -> float:
+    """The memory this rank's tensors live in, now, in MiB: resident memory on the CPU,
+    allocated GPU memory on CUDA."""
+    if dev.type == "cuda":
+        return torch.cuda.memory_allocated(dev) / 2 ** 20
+    return current_rss_mb()
+
+
 @contextmanager
-def peak_growth():
-    """The growth of peak resident memory inside the block, in MiB: `growth.mb` after it."""
+def peak_growth(dev=None):
+    """The growth of peak memory inside the block, in MiB (`growth.mb` after it): resident
+    memory on the CPU, GPU memory on CUDA. `growth.exact` is False where the peak could not be
+    reset (then it is the peak since the process started)."""
     box = _Growth()
-    box.exact = reset_peak_rss()
-    start = current_rss_mb() if box.exact else peak_rss_mb()
+    if dev is not None and dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(dev)
+        box.exact, start = True, torch.cuda.memory_allocated(dev) / 2 ** 20
+        peak = lambda: torch.cuda.max_memory_allocated(dev) / 2 ** 20  # noqa: E731
+    else:
+        box.exact = reset_peak_rss()
+        start, peak = (current_rss_mb() if box.exact else peak_rss_mb()), peak_rss_mb
     try:
         yield box
     finally:
-        box.mb = peak_rss_mb() - start
+        box.mb = peak() - start
 
 
 @dataclass

@@ -8,10 +8,10 @@ from __future__ import annotations
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ...probes import current_rss_mb, named_drift, saved_tensor_bytes
+from ...probes import named_drift, saved_tensor_bytes
 from ...rankinfo import ddp_kwargs, device, rank_info
-from .memory import held_saved_bytes, peak_growth, slope
-from .modules import AttentionPool, ContextNet, DeepMLP, MemoryNet, RecurrentCell, example_batch
+from .memory import held_saved_bytes, memory_mb, peak_growth, slope
+from .modules import AttentionPool, ContextNet, DeepMLP, MemoryNet
 
 MB = 2 ** 20
 
@@ -30,13 +30,14 @@ def _batches(rank: int, features: int, batch: int):
 def carry_state(model_cls=ContextNet, steps: int = 30, retain_graph: bool = False,
                 features: int = 256, batch: int = 512, lr: float = 0.01) -> dict:
     """DDP training of a module that carries state across steps, a new batch each step.
-    After every step: the bytes autograd still holds, and this rank's resident memory."""
+    After every step: the bytes autograd still holds, and this rank's memory (resident memory
+    on the CPU, allocated memory on a GPU)."""
     info, dev = rank_info(), device()
     torch.manual_seed(0)
     model = DDP(model_cls(features=features).to(dev), **ddp_kwargs(dev))
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     data = _batches(info.rank, features, batch)
-    held_mb, rss_mb = [], []
+    held_mb, memory = [], []
     with held_saved_bytes() as held:
         for step in range(steps):
             loss = model(next(data).to(dev)).pow(2).mean()
@@ -45,10 +46,11 @@ def carry_state(model_cls=ContextNet, steps: int = 30, retain_graph: bool = Fals
             opt.step()
             del loss
             held_mb.append(held.bytes / MB)
-            rss_mb.append(current_rss_mb())
+            memory.append(memory_mb(dev))
+            print(f"step {step} done")
     half = steps // 2
-    return {"held_mb": held_mb, "rss_mb": rss_mb, "held_growth": slope(held_mb, half),
-            "rss_growth": slope(rss_mb, half), "drift": param_drift(model.module)}
+    return {"held_mb": held_mb, "memory_mb": memory, "held_growth": slope(held_mb, half),
+            "memory_growth": slope(memory, half), "drift": param_drift(model.module)}
 
 
 def train_steps(model_cls=AttentionPool, steps: int = 3, retain_graph: bool = False,
@@ -108,7 +110,7 @@ def activation_memory(checkpointed: bool = False, depth: int = 8, features: int 
     model(torch.randn(8, features, device=dev)).sum().backward()  # warm-up: code, allocator
     model.zero_grad(set_to_none=False)
     x = torch.randn(batch, features, generator=torch.Generator().manual_seed(info.rank)).to(dev)
-    with peak_growth() as peak:
+    with peak_growth(dev) as peak:
         with saved_tensor_bytes() as saved:
             loss = model(x).pow(2).mean()
         loss.backward()
