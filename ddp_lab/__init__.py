@@ -2,7 +2,7 @@
 from ._procs import prewarm
 from .launcher import launch
 from .rankinfo import RankInfo, ddp_kwargs, device, rank_info
-from . import exercise
+from . import exercise  # noqa: F401  (ddp_lab.exercise.check in notebooks)
 from .display import show
 from .results import DistributedRunError, ErrorInfo, RankResult, RunResult
 

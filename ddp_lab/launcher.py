@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from . import _procs
-from .rankinfo import RankInfo, in_torchrun
+from .rankinfo import in_torchrun
 from .results import ErrorInfo, RankResult, RunResult
 
 BACKENDS = ("auto", "gloo", "nccl")

@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 
 def tensor_drift(t) -> float:
     """max |t_this_rank - t_rank0| over every element, the same on every rank (a collective)."""
-    import torch
     import torch.distributed as dist
 
     ref = t.detach().clone().float()

@@ -6,7 +6,6 @@ notebook that displays one can be compared by nbval.
 """
 from __future__ import annotations
 
-import html
 import pickle
 import re
 import signal

@@ -51,3 +51,29 @@ def no_leftovers():
             break
         time.sleep(0.05)
     assert not extra, f"processes left behind: {sorted(extra)}"
+
+
+_SCENARIO_RUNS: dict = {}
+
+
+def scenario_run(scenario, which: str):
+    """Each scenario variant runs once per test session: the registry test and the lesson tests
+    that read the same run share it (the suite has a 10-minute budget on 2 cores)."""
+    key = (scenario.key, which)
+    if key not in _SCENARIO_RUNS:
+        _SCENARIO_RUNS[key] = scenario.run(which)
+    return _SCENARIO_RUNS[key]
+
+
+@pytest.fixture(scope="module")
+def runs(request):
+    """`runs(name, which)`: the test module's LESSON's scenario, run once per session and
+    checked against its declaration."""
+    lesson = request.module.LESSON
+
+    def get(name: str, which: str):
+        scenario = lesson.scenario(name)
+        result = scenario_run(scenario, which)
+        assert scenario.check(which, result) == [], f"{scenario.key} {which} not as declared"
+        return result
+    return get

@@ -165,3 +165,13 @@ def test_report_orders_renders_and_serialises():
     assert Report("Net", 2, 3).exit_status == 0
     with pytest.raises(ValueError, match="lesson must be one of"):
         Finding("error", "x", "11", "no such lesson")
+
+
+def test_doctor_is_a_function_of_the_package():
+    import ddp_lab
+    import ddp_lab.doctor as package_or_function  # the function, once ddp_lab exports it
+
+    assert callable(doctor) and doctor.__module__ == "ddp_lab.doctor"
+    if not callable(package_or_function):
+        pytest.skip("ddp_lab/__init__.py does not export `doctor` yet (from .doctor import doctor)")
+    assert ddp_lab.doctor is doctor

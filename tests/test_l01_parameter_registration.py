@@ -6,6 +6,7 @@ Every run here is real: ranks are separate processes with a gloo process group."
 from __future__ import annotations
 
 import pytest
+
 import torch
 from torch import nn
 
@@ -18,18 +19,6 @@ from ddp_lab.registry import get_lesson
 LESSON = get_lesson("01")
 CPU_ONLY = pytest.mark.skipif(l01.ON_GPUS, reason="on 2 GPUs the unregistered tensors fail as "
                               "a device mismatch instead (declared in the registry)")
-
-
-@pytest.fixture(scope="module")
-def runs():
-    """Scenario runs shared by the tests below: {(scenario, variant): RunResult}."""
-    cache = {}
-
-    def get(name, which):
-        if (name, which) not in cache:
-            cache[name, which] = LESSON.scenario(name).run(which)
-        return cache[name, which]
-    return get
 
 
 # The walker -------------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 
 import pytest
+
 import torch
 from torch import nn
 
@@ -21,17 +22,6 @@ from ddp_lab.registry import get_lesson
 LESSON = get_lesson("02")
 CPU_ONLY = pytest.mark.skipif(l02.ON_GPUS, reason="on 2 GPUs the plain constants fail as a "
                               "device mismatch instead (declared in the registry)")
-
-
-@pytest.fixture(scope="module")
-def runs():
-    cache = {}
-
-    def get(name, which):
-        if (name, which) not in cache:
-            cache[name, which] = LESSON.scenario(name).run(which)
-        return cache[name, which]
-    return get
 
 
 def test_to_moves_and_casts_only_registered_tensors():

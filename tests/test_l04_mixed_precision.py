@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 
 import pytest
+
 import torch
 
 from ddp_lab.exercise import check
@@ -16,20 +17,6 @@ from ddp_lab.lessons.l04_mixed_precision import modules as m
 from ddp_lab.registry import get_lesson
 
 LESSON = get_lesson("04")
-
-
-@pytest.fixture(scope="module")
-def runs():
-    """Scenario runs shared by the tests below: {(scenario, variant): RunResult}."""
-    cache = {}
-
-    def get(name, which):
-        if (name, which) not in cache:
-            result = LESSON.scenario(name).run(which)
-            assert LESSON.scenario(name).check(which, result) == []
-            cache[name, which] = result
-        return cache[name, which]
-    return get
 
 
 # In this process: what autocast does to the custom Function ----------------------------------

@@ -7,6 +7,7 @@ Every run here is real: ranks are separate processes with a gloo process group."
 from __future__ import annotations
 
 import pytest
+
 import torch
 
 from ddp_lab.exercise import check
@@ -15,20 +16,6 @@ from ddp_lab.lessons.l05_gradients_and_checkpointing import modules as m
 from ddp_lab.registry import get_lesson
 
 LESSON = get_lesson("05")
-
-
-@pytest.fixture(scope="module")
-def runs():
-    """Scenario runs shared by the tests below: {(scenario, variant): RunResult}."""
-    cache = {}
-
-    def get(name, which):
-        if (name, which) not in cache:
-            result = LESSON.scenario(name).run(which)
-            assert LESSON.scenario(name).check(which, result) == []
-            cache[name, which] = result
-        return cache[name, which]
-    return get
 
 
 # The memory probes, in this process ----------------------------------------------------------

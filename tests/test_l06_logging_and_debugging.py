@@ -57,6 +57,12 @@ def test_cpp_log_level_adds_lines_that_name_the_parameters_too(levels, no_leftov
     assert cpp["stderr_lines"] > levels["INFO"]["stderr_lines"] + 10  # DDP's whole configuration
 
 
+def test_cpp_log_level_set_after_torch_was_imported_does_nothing():
+    run = l06.CPP_LOG_TOO_LATE.run()
+    assert l06.CPP_LOG_TOO_LATE.expect.check(run) == []
+    assert l06.debug_summary(run)["cpp_log_lines"] == 0
+
+
 def test_torchrun_reports_the_same_failure(no_leftovers):
     run = l06.TORCHRUN.run()
     assert l06.TORCHRUN.expect.check(run) == []
@@ -113,7 +119,7 @@ def test_straggler_makes_rank0_wait_every_step_and_the_figure_shows_it():
     for ax in fig.axes[:2]:
         assert ax.get_xlabel() == "time since the ranks aligned (s)"
         assert [t.get_text() for t in ax.get_yticklabels()] == ["rank 0", "rank 1"]
-    assert fig.axes[0].get_title().startswith("broken: rank 0 waits")
+    assert fig.axes[0].get_title().startswith("broken: rank 0: ")
 
 
 def test_stuck_ranks_are_named_by_their_stacks():

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from conftest import scenario_run
+
 from ddp_lab import exercise, launch
 from ddp_lab.lessons import l10_gradient_accumulation as l10
 
@@ -12,7 +14,7 @@ LESSON = l10.LESSON
 
 @pytest.fixture(scope="module")
 def runs():
-    return {s.name: {w: s.run(w) for w in ("broken", "fixed")} for s in LESSON.scenarios}
+    return {s.name: {w: scenario_run(s, w) for w in ("broken", "fixed")} for s in LESSON.scenarios}
 
 
 def test_no_sync_cuts_allreduces_and_bytes_by_k(runs):
