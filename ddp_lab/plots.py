@@ -81,7 +81,8 @@ def gantt(ax, spans_by_rank: Sequence[Sequence[tuple[str, float, float]]], *, ti
             ax.barh(rank, max(end - start, 1e-4), left=start, height=0.6, color=palette[name],
                     edgecolor="black", linewidth=0.4)
     ax.set_yticks(range(len(spans_by_rank)), [f"rank {r}" for r in range(len(spans_by_rank))])
-    ax.invert_yaxis()
+    if not ax.yaxis_inverted():  # shared y axes are inverted once for all
+        ax.invert_yaxis()
     handles = [_patch(palette[n]) for n in names]
     if names:
         ax.legend(handles, names, loc="lower right", fontsize=8)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 STATUSES = ("ok", "error", "timeout", "crashed")
+SIMULTANEOUS = 0.1  # seconds: failures closer than this are not ordered by time
 _SEVERITY = {"ok": 0, "error": 1, "timeout": 2, "crashed": 3}
 
 _ADDRESS = re.compile(r"\[?(?:\d{1,3}\.){3}\d{1,3}\]?:\d+|\[?localhost\]?:\d+")
@@ -23,6 +24,8 @@ _COLLATERAL = re.compile(r"Connection closed by peer|Connection reset by peer|Br
                          r"ECONNRESET|EPIPE|communicator was aborted|Socket Timeout|"
                          r"failed to recv|failed to send|Timed out waiting", re.I)
 _PID = re.compile(r"\b(pid|PID|process)[ =:]+\d+")
+_CPP_LOG = re.compile(r"\b[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+(?: +\d+)?")  # glog: I1202 13:01:02.123 4567
+_CLOCK = re.compile(r"\b\d\d:\d\d:\d\d(?:\.\d+)?\b")
 
 
 def sanitize(text: str) -> str:
@@ -30,6 +33,8 @@ def sanitize(text: str) -> str:
     text = _ADDRESS.sub("<addr>", text)
     text = _HEX.sub("0x…", text)
     text = _PATH.sub(lambda m: m.group(1), text)
+    text = _CPP_LOG.sub(lambda m: m.group(0)[0] + "<time>", text)
+    text = _CLOCK.sub("<time>", text)
     return _PID.sub(lambda m: f"{m.group(1)} <pid>", text)
 
 
@@ -193,10 +198,14 @@ class RunResult:
         """Failed ranks, root cause first: errors and crashes by the time they happened, then
         ranks the launcher had to stop."""
         bad = [r for r in self.ranks if not r.ok]
-        own = [r for r in bad if not r.is_collateral]
-        same = len({_shape(r.headline) for r in own}) <= 1  # the same failure everywhere
-        return sorted(bad, key=lambda r: (r.is_collateral, 0.0 if same else (r.failed_at or 0.0),
-                                          r.failed_at is None, r.rank))
+        first = min((r.failed_at for r in bad if not r.is_collateral and r.failed_at), default=0.0)
+
+        def when(r: RankResult) -> float:
+            # Failures within SIMULTANEOUS of the first are a tie, broken by rank: which of two
+            # ranks that fail on their own at once "came first" is noise, not evidence.
+            t = r.failed_at if r.failed_at is not None else float("inf")
+            return 0.0 if t - first < SIMULTANEOUS else t
+        return sorted(bad, key=lambda r: (r.is_collateral, when(r), r.rank))
 
     @property
     def root_cause(self) -> RankResult | None:
@@ -206,8 +215,12 @@ class RunResult:
     def _root_is_distinct(self) -> bool:
         """A root cause is worth pointing at when other ranks failed differently after it."""
         root = self.root_cause
-        return bool(root and root.status in ("error", "crashed")
-                    and any(_shape(r.headline) != _shape(root.headline) for r in self.failures[1:]))
+        if not root or root.status not in ("error", "crashed"):
+            return False
+        others = self.failures[1:]
+        later = [r for r in others if r.is_collateral or r.failed_at is None
+                 or r.failed_at - (root.failed_at or 0.0) >= SIMULTANEOUS]
+        return bool(later) and any(_shape(r.headline) != _shape(root.headline) for r in others)
 
     def describe_failure(self) -> str:
         if self.ok:
