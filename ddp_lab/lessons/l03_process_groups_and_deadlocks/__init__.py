@@ -20,6 +20,10 @@ __all__ = ["LESSON", "INIT_SILENT", "INIT_DUPLICATE_RANK", "WITH_BARRIER", "MISM
            "LoggedTimeline", "spans_from_run", "timeline_figure", "printed_on_rank0_only", "where"]
 
 DETAIL = {"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}
+# On NCCL a collective returns to Python once it is queued on the GPU, so a hung rank's stack
+# shows whatever waits for the GPU next; blocking wait makes it wait in the collective, as gloo
+# does. (gloo ignores the variable.)
+BLOCKING = {"TORCH_NCCL_BLOCKING_WAIT": "1"}
 STORE_TIMEOUT = r"wait timeout after 3000ms"
 
 
@@ -94,7 +98,7 @@ INIT_DUPLICATE_RANK = _init(Expect("error", "DistStoreError", STORE_TIMEOUT, ran
 
 REPORT_BROKEN = Variant(train_and_report, Expect("timeout", match="in all_reduce", ranks=(0,),
                                                  extra=_stack_of(1, "in forward")),
-                        kwargs={"report": report_on_rank0}, timeout=4)
+                        kwargs={"report": report_on_rank0}, env=BLOCKING, timeout=4)
 # The source document's cure: a barrier after the report. Rank 1 now waits in the barrier.
 WITH_BARRIER = replace(REPORT_BROKEN, kwargs={"report": report_on_rank0, "barrier": True},
                        expect=Expect("timeout", match="in all_reduce", ranks=(0,),
@@ -113,7 +117,7 @@ MONITORED_BROKEN = Variant(uneven_epoch, Expect("error", "RuntimeError",
                            kwargs={"batches": (2, 3), "barrier": "monitored"}, timeout=20, grace=3)
 PLAIN_BARRIER = Variant(uneven_epoch, Expect("timeout", match="in barrier", ranks=(0,),
                                              extra=_stack_of(1, "in all_reduce")),
-                        kwargs={"batches": (2, 3), "barrier": "plain"}, timeout=4)
+                        kwargs={"batches": (2, 3), "barrier": "plain"}, env=BLOCKING, timeout=4)
 
 
 def figures(results) -> dict:

@@ -6,6 +6,8 @@ runs back (console, debug levels, torchrun's summary, the straggler picture) in 
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ...registry import Expect, Lesson, Scenario, Variant
 from .ranks import (EOS, VOCAB, AuxNet, BothHeads, TokenModel, prepare_then_share, print_and_log, rank_log,
                     straggler, token_batch, torchrun_job, train_and_log, train_aux, train_tokens,
@@ -13,7 +15,7 @@ from .ranks import (EOS, VOCAB, AuxNet, BothHeads, TokenModel, prepare_then_shar
 from .reading import (console_summary, ddp_settings, debug_summary, is_collateral, step_times,
                       straggler_figure, torchrun_failures)
 
-__all__ = ["LESSON", "DEBUG_LEVELS", "CPP_LOG", "TORCHRUN", "rank0_console_every_rank_record",
+__all__ = ["LESSON", "DEBUG_LEVELS", "CPP_LOG", "CPP_LOG_TOO_LATE", "TORCHRUN", "rank0_console_every_rank_record",
            "EOS", "VOCAB", "AuxNet", "BothHeads", "TokenModel", "prepare_then_share", "print_and_log",
            "rank_log", "straggler", "token_batch", "torchrun_job", "train_and_log", "train_aux",
            "train_tokens", "wait_for_file", "console_summary", "ddp_settings", "debug_summary", "is_collateral",
@@ -71,6 +73,11 @@ def _cpp_names_parameters(result):
         ["rank 0's C++ log does not name aux_head.weight"]
 
 
+def _no_cpp_log(result):
+    n = debug_summary(result)["cpp_log_lines"]
+    return [f"rank 0 wrote {n} C++ log lines"] if n else []
+
+
 # -- variants -------------------------------------------------------------------------------------
 
 def _aux(level: str, expect: Expect, model_cls=AuxNet, **env) -> Variant:
@@ -89,6 +96,9 @@ DEBUG_LEVELS = {
 # C++ logs (read when torch is imported, so this launch starts its ranks by plain spawn).
 CPP_LOG = _aux("INFO", Expect("error", "RuntimeError", NAMED, ranks=(0,), extra=_cpp_names_parameters),
                TORCH_CPP_LOG_LEVEL="INFO")
+# The same variable set in ranks forked from a process that had already imported torch: too late.
+CPP_LOG_TOO_LATE = replace(CPP_LOG, start_method="forkserver",
+                           expect=Expect("error", "RuntimeError", NAMED, ranks=(0,), extra=_no_cpp_log))
 TORCHRUN = Variant(torchrun_job, Expect("error", "ChildFailedError", OUT_OF_RANGE, ranks=(0,)),
                    world_size=1, init_process_group=False, timeout=120, grace=1)
 

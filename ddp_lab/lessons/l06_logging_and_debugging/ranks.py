@@ -181,7 +181,7 @@ def _timed_allreduce(timeline: Timeline, bucket):
     fut = dist.all_reduce(bucket.buffer().div_(dist.get_world_size()), async_op=True).get_future()
 
     def done(f):
-        timeline.spans.append(("waiting in all_reduce", start, time.perf_counter() - timeline.t0))
+        timeline.spans.append(("all_reduce (DDP)", start, time.perf_counter() - timeline.t0))
         return f.value()[0]
 
     return fut.then(done)
@@ -210,5 +210,5 @@ def straggler(slow_rank: int | None = 1, delay_s: float = 0.15, steps: int = 4) 
             loss.backward()
         with timeline.span("optimizer step"):
             opt.step()
-    waits = [e - s for n, s, e in timeline.spans if n == "waiting in all_reduce"]
+    waits = [e - s for n, s, e in timeline.spans if n == "all_reduce (DDP)"]
     return {"spans": timeline.spans, "wait_s": sum(waits) / len(waits)}

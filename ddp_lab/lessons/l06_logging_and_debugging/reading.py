@@ -73,15 +73,15 @@ def is_collateral(failure: dict) -> bool:
 # -- the straggler picture ----------------------------------------------------------------------
 
 COLOURS = {"data": "#937860", "forward + backward": "#4c72b0", "optimizer step": "#8172b2",
-           "waiting in all_reduce": "#c44e52"}
+           "all_reduce (DDP)": "#c44e52"}
 
 
 def _draw_straggler(ax, result, which):
     from ...plots import gantt
 
-    spans = [sorted(v["spans"], key=lambda s: s[0] == "waiting in all_reduce") for v in result.values]
-    gantt(ax, spans, colours=COLOURS, title=f"rank 0 waits {result.values[0]['wait_s'] * 1000:.0f} ms "
-          "per step", xlabel="time since the ranks aligned (s)")
+    spans = [sorted(v["spans"], key=lambda s: s[0] == "all_reduce (DDP)") for v in result.values]
+    gantt(ax, spans, colours=COLOURS, title=f"rank 0: {result.values[0]['wait_s'] * 1000:.0f} ms "
+          "per step in all_reduce", xlabel="time since the ranks aligned (s)")
     legend = ax.get_legend()
     ax.legend(legend.legend_handles, [t.get_text() for t in legend.get_texts()],
               loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, fontsize=8)
@@ -89,7 +89,8 @@ def _draw_straggler(ax, result, which):
 
 def straggler_figure(broken, fixed):
     """Broken (rank 1 loads each batch slowly) beside fixed: per-rank timelines, with DDP's
-    all-reduce drawn on top of the backward pass it overlaps."""
+    all-reduce (from the moment a rank's gradients are ready to the moment every rank's have
+    arrived) drawn on top of the backward pass it overlaps."""
     from ...plots import broken_beside_fixed
 
     return broken_beside_fixed(_draw_straggler, broken, fixed, sharey=False,
