@@ -4,11 +4,12 @@ from .launcher import launch
 from .rankinfo import RankInfo, ddp_kwargs, device, rank_info
 from . import exercise  # noqa: F401  (ddp_lab.exercise.check in notebooks)
 from .display import show
+from .doctor import doctor  # the function; the package stays importable as ddp_lab.doctor.*
 from .results import DistributedRunError, ErrorInfo, RankResult, RunResult
 
 __version__ = "0.1.0"
 __all__ = ["launch", "prewarm", "RunResult", "RankResult", "ErrorInfo", "DistributedRunError", "RankInfo",
-           "rank_info", "device", "ddp_kwargs", "show", "load_ipython_extension"]
+           "rank_info", "device", "ddp_kwargs", "show", "doctor", "load_ipython_extension"]
 
 
 def load_ipython_extension(ipython):

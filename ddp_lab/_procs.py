@@ -18,7 +18,7 @@ from . import _forkserver
 # lessons import on first use: torch._dynamo alone costs a rank ~1.5 s otherwise.
 PRELOAD = ("torch", "torch.distributed", "cloudpickle", "ddp_lab._rank")
 PRELOAD_IDLE = ("torch.nn.parallel", "torch.optim", "torch._dynamo", "torch.utils.checkpoint",
-                "torch.distributed.algorithms.join", "ddp_lab.registry", "ddp_lab.probes", "@lessons")
+                "torch.distributed.algorithms.join", "ddp_lab.registry", "ddp_lab.probes", "@lessons", "ddp_lab.doctor.dynamic")
 
 
 def _kill_group(pid: int) -> None:

@@ -14,10 +14,11 @@ from __future__ import annotations
 import time
 from typing import Callable
 
+from .failures import DoctorBug
 from .inputs import DoctorInputError
 from .report import LESSONS, Finding, Report
 
-__all__ = ["doctor", "Report", "Finding", "DoctorInputError", "LESSONS"]
+__all__ = ["doctor", "Report", "Finding", "DoctorInputError", "DoctorBug", "LESSONS"]
 GRACE = 2.0  # seconds the other ranks get after one fails before their stacks are taken
 
 
@@ -32,7 +33,8 @@ def doctor(model, example_input, *, world_size: int = 2, steps: int = 3,
     (tensor, tuple or dict), weighted element-wise by fixed random numbers. `amp` ("bf16" or
     "fp16") runs forward under torch.autocast. `timeout` bounds the launch: a module that hangs
     is reported with each rank's stack. Raises DoctorInputError (the CLI's exit status 2) when
-    the doctor cannot start: a factory that raises, an input that does not fit, no parameters.
+    the doctor cannot start: a factory that raises, an input that does not fit, no parameters;
+    DoctorBug (exit status 3) when the doctor's own code fails on a rank.
     """
     from . import inputs, static
 

@@ -22,6 +22,10 @@ RULES = (
          "DDP(find_unused_parameters=True) (slower) or static_graph=True"),
     Rule(r"doesn't have any parameter that requires a gradient", "01", "no-trainable-parameters",
          "register the trainable tensors as nn.Parameter so DDP can see them"),
+    Rule(r"CheckpointError|Recomputed values for the following tensors", "05",
+         "checkpoint-recomputation-differs",
+         "a checkpointed function must compute the same thing when backward reruns it: move "
+         "side effects (appends, counters, buffer updates) out of the region"),
     Rule(r"mark a variable ready only once|marked ready|[Rr]eentrant|checkpoint", "05",
          "checkpoint-under-ddp",
          "torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=False), each region run "

@@ -7,8 +7,8 @@ from __future__ import annotations
 import gc
 
 from .inputs import autocast, batch_for, call, default_loss, floating_tensors, move
-from .sync import drift, emit, gather, new_group
 from .regions import changed_state, module_state
+from .sync import drift, emit, gather, new_group
 from .trace import batchnorm_sizes, custom_functions, watch_forward
 from .walk import graph_holders, state_tensors
 

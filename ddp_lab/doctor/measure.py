@@ -23,13 +23,26 @@ def _fmt(items) -> list[str]:
 
 def measure_findings(rec0: dict, steps: int, unused: set[str]) -> list[Finding]:
     bn_sizes = (rec0.get("dry") or {}).get("batchnorm", {})
-    out = []
-    out += _drift(rec0.get("drift_start"), "after DDP was built", bn_sizes)
-    out += _drift(rec0.get("drift_end"), f"after {steps} step(s)", bn_sizes,
-                  skip=rec0.get("drift_start"))
+    out = _drift(rec0.get("drift_start"), "after DDP was built", bn_sizes)
+    later = _drift(rec0.get("drift_end"), f"after {steps} step(s)", bn_sizes,
+                   skip=rec0.get("drift_start"))
+    out += _fold(out, later, f"after {steps} step(s) also")
     out += _unchanged(rec0.get("unchanged"), unused, steps)
     out += _nonfinite(rec0)
     return out
+
+
+def _fold(first: list[Finding], later: list[Finding], prefix: str) -> list[Finding]:
+    """Later findings of a check that already reported: their names join the first finding."""
+    by_code = {f.code: f for f in first}
+    new = []
+    for f in later:
+        if f.code in by_code:
+            names_ = [e for e in f.evidence if "max |difference|" in e or "not on every rank" in e]
+            by_code[f.code].evidence += [f"{prefix}: {e}" for e in names_]
+        else:
+            new.append(f)
+    return new
 
 
 def _drift(table: dict | None, when: str, bn_sizes: dict, skip: dict | None = None) -> list[Finding]:
