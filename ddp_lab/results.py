@@ -95,7 +95,7 @@ class RankResult:
         if self.status == "ok":
             return "ok"
         if self.status == "error" and self.error:
-            if _COLLATERAL.search(self.error.message):
+            if _COLLATERAL.search(self.error.first_line):
                 # gloo words this differently from run to run; what matters is the same
                 return f"{self.error.type}: lost its connection to a peer (a consequence)"
             return sanitize(str(self.error))
@@ -114,7 +114,7 @@ class RankResult:
         that only says a peer went away."""
         if self.note:
             return True
-        return bool(self.error and _COLLATERAL.search(self.error.message))
+        return bool(self.error and _COLLATERAL.search(self.error.first_line))
 
     def stuck_in(self) -> str:
         """The innermost torch.distributed call in the main thread's stack, if any."""
@@ -198,7 +198,9 @@ class RunResult:
         """Failed ranks, root cause first: errors and crashes by the time they happened, then
         ranks the launcher had to stop."""
         bad = [r for r in self.ranks if not r.ok]
-        first = min((r.failed_at for r in bad if not r.is_collateral and r.failed_at), default=0.0)
+        own = [r.failed_at for r in bad if not r.is_collateral and r.failed_at] or \
+            [r.failed_at for r in bad if r.failed_at]
+        first = min(own, default=0.0)
 
         def when(r: RankResult) -> float:
             # Failures within SIMULTANEOUS of the first are a tie, broken by rank: which of two

@@ -8,8 +8,10 @@ ROOT = Path(__file__).resolve().parent.parent
 def _names(lines):
     names = set()
     for line in lines:
-        line = line.strip().lstrip("- ").strip()
-        if not line or line.startswith(("#", "-")):
+        line = line.strip()
+        if line.startswith("- "):  # a YAML list item
+            line = line[2:].strip()
+        if not line or line.startswith(("#", "-")):  # comments, pip options (-e ., --extra-index-url)
             continue
         names.add(re.split(r"[<>=!~\[ ]", line, maxsplit=1)[0].lower().replace("_", "-"))
     return names
