@@ -21,6 +21,7 @@ import traceback
 from datetime import timedelta
 
 STACK_SIGNAL = signal.SIGUSR1
+_KEEP_ALIVE: list = []
 
 
 def _die_with_parent() -> None:
@@ -137,6 +138,10 @@ def child_main(spec_path: str) -> None:
     except BaseException as exc:  # noqa: BLE001 - every failure is reported, even SystemExit
         record, code = _error_record(exc), 1
         traceback.print_exc()
+        # Keep the exception (and through its traceback, the failed function's locals) alive
+        # until os._exit: freeing a process group there, with the GIL held, can deadlock in
+        # ~ProcessGroupGloo while its worker thread waits for the GIL (seen on torch 2.13).
+        _KEEP_ALIVE.append(exc)
     _teardown()
     record["seconds"] = time.time() - start
     _write_result(spec["result"], record)
