@@ -81,10 +81,13 @@ def _teardown() -> None:
 
 
 def _error_record(exc: BaseException) -> dict:
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+        tb = tb.tb_next  # the traceback starts at the user's function, not in this file
     return {
         "type": type(exc).__name__,
         "message": str(exc),
-        "traceback": "".join(traceback.format_exception(exc)),
+        "traceback": "".join(traceback.format_exception(type(exc), exc, tb)),
         "failed_at": time.time(),
     }
 
