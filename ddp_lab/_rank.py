@@ -140,7 +140,7 @@ def child_main(spec_path: str) -> None:
         record = _run(spec)
     except BaseException as exc:  # noqa: BLE001 - every failure is reported, even SystemExit
         record, code = _error_record(exc), 1
-        traceback.print_exc()
+        sys.stderr.write(record["traceback"])  # as Python would print it, from the user's frame
         # Keep the exception (and through its traceback, the failed function's locals) alive
         # until os._exit: freeing a process group there, with the GIL held, can deadlock in
         # ~ProcessGroupGloo while its worker thread waits for the GIL (seen on torch 2.13).
