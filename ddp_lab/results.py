@@ -125,11 +125,9 @@ class RankResult:
         return frames[0][1] + "()" if frames else ""
 
     def stack_text(self, limit: int = 8) -> str:
-        """The main thread's innermost `limit` frames when the rank was stopped, most recent call
-        first, as `function  (file)`: no line numbers, so it reads the same on every run."""
-        frames = [(f, fn) for f, fn in main_thread_frames(self.stack)
-                  if not f.endswith(("ddp_lab/_rank.py", "ddp_lab/_forkserver.py")) and f != "<string>"]
-        return "\n".join(f"  {fn}  ({sanitize(f)})" for f, fn in frames[:limit])
+        """The main thread's innermost `limit` frames when the rank was stopped (see
+        `frames_text`)."""
+        return frames_text(self.stack, limit)
 
     def stack_summary(self) -> str:
         """The stack dump, sanitized, without the launcher's own frames below the function."""
@@ -156,6 +154,15 @@ def main_thread_frames(stack: str) -> list[tuple[str, str]]:
 def _shape(headline: str) -> str:
     """A headline with its numbers blanked: `device_ids [0]` and `[1]` are the same failure."""
     return re.sub(r"\d+", "N", headline)
+
+
+def frames_text(stack: str, limit: int = 8) -> str:
+    """The innermost `limit` frames of the main thread in a faulthandler dump (a stopped rank's
+    `.stack`, or a crashed rank's stderr), most recent call first, one `function  (file)` a
+    line, the launcher's own frames left out: no line numbers, so it reads the same every run."""
+    frames = [(f, fn) for f, fn in main_thread_frames(stack)
+              if not f.startswith("<frozen") and "ddp_lab/_" not in f and f != "<string>"]
+    return "\n".join(f"  {fn}  ({sanitize(f)})" for f, fn in frames[:limit])
 
 
 class DistributedRunError(RuntimeError):

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ...registry import Expect, Lesson, Scenario, Variant
-from ...results import main_thread_frames, sanitize
+from ...results import frames_text
 from .ranks import (TinyNet, evaluate, init_group, report_on_every_rank, report_on_rank0,
                     shard_losses, train_and_report, uneven_epoch)
 from .timeline import LoggedTimeline, spans_from_run, timeline_figure
@@ -29,10 +29,8 @@ STORE_TIMEOUT = r"wait timeout after 3000ms"
 
 def where(stack: str, depth: int = 5) -> str:
     """The innermost `depth` frames of the main thread in a faulthandler dump (a stopped rank's
-    `.stack`, or a crashed rank's stderr), one `function  (file)` a line, launcher frames left out."""
-    frames = [(f, fn) for f, fn in main_thread_frames(stack)
-              if not f.startswith("<frozen") and "ddp_lab/_" not in f and f != "<string>"]
-    return "\n".join(f"  {fn}  ({sanitize(f)})" for f, fn in frames[:depth])
+    `.stack`, or a crashed rank's stderr), one `function  (file)` a line."""
+    return frames_text(stack, depth)
 
 
 # -- extra checks (RunResult -> list of problems) ------------------------------------------------
