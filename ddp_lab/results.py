@@ -38,6 +38,13 @@ def sanitize(text: str) -> str:
     return _PID.sub(lambda m: f"{m.group(1)} <pid>", text)
 
 
+def peer_gone(message: str) -> bool:
+    """True when an error's first line only says that a peer went away (gloo's "Connection
+    closed by peer" and the like): a consequence of another rank's failure, not a cause."""
+    first = next((ln for ln in message.strip().splitlines() if ln.strip()), "")
+    return bool(_COLLATERAL.search(first))
+
+
 def signal_name(exitcode: int | None) -> str | None:
     """`-11` (as subprocess reports a signal) -> "SIGSEGV"; None for a normal exit."""
     if exitcode is None or exitcode >= 0:
@@ -95,7 +102,7 @@ class RankResult:
         if self.status == "ok":
             return "ok"
         if self.status == "error" and self.error:
-            if _COLLATERAL.search(self.error.first_line):
+            if peer_gone(self.error.message):
                 # gloo words this differently from run to run; what matters is the same
                 return f"{self.error.type}: lost its connection to a peer (a consequence)"
             return sanitize(str(self.error))
@@ -114,7 +121,7 @@ class RankResult:
         that only says a peer went away."""
         if self.note:
             return True
-        return bool(self.error and _COLLATERAL.search(self.error.first_line))
+        return bool(self.error and peer_gone(self.error.message))
 
     def stuck_in(self) -> str:
         """The innermost torch.distributed call in the main thread's stack, if any."""

@@ -5,8 +5,7 @@ from __future__ import annotations
 import re
 
 from ...ranklog import console, records
-
-_PEER_GONE = re.compile(r"Connection closed by peer|Connection reset by peer|Broken pipe", re.I)
+from ...results import peer_gone
 
 _NAMES = re.compile(r"Parameters which did not receive grad for rank \d+: (.+)")
 _CPP_NAME = re.compile(r"Parameter: (\S+) did not get gradient")
@@ -67,7 +66,7 @@ def torchrun_failures(message: str) -> dict:
 
 def is_collateral(failure: dict) -> bool:
     """A worker that failed because a peer did: a peer-gone error, or stopped by torchrun (SIGTERM)."""
-    return failure["exitcode"] == -15 or bool(_PEER_GONE.search(failure["error"]))
+    return failure["exitcode"] == -15 or peer_gone(failure["error"])
 
 
 # -- the straggler picture ----------------------------------------------------------------------
