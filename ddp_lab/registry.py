@@ -41,6 +41,18 @@ class Expect:
     metric_rank: int | None = 0
     extra: Callable[[RunResult], list[str]] | None = None
 
+    def differences(self, result: RunResult) -> list[str]:
+        """What differs between `result` and this declaration; empty when it is as declared."""
+        return self.check(result)
+
+    def assert_met(self, result: RunResult) -> RunResult:
+        """Raise AssertionError naming every difference unless `result` is as declared;
+        return `result` so a cell can go on with it."""
+        problems = self.check(result)
+        if problems:
+            raise AssertionError(f"not as declared ({self.describe()}): " + "; ".join(problems))
+        return result
+
     def describe(self) -> str:
         parts = [self.status]
         if self.error_type:
@@ -121,6 +133,10 @@ class Variant:
     grace: float = 5.0
     start_method: str = "auto"
 
+    def assert_declared(self, result: RunResult) -> RunResult:
+        """Raise AssertionError unless `result` has this variant's declared outcome."""
+        return self.expect.assert_met(result)
+
     def with_kwargs(self, **kwargs) -> "Variant":
         """The same variant with some arguments replaced (e.g. the learner's own module)."""
         return replace(self, kwargs={**self.kwargs, **kwargs})
@@ -155,13 +171,13 @@ class ModuleCase:
 
 @dataclass(frozen=True)
 class Scenario:
-    lesson: str
     name: str
     title: str
     broken: Variant
     fixed: Variant
     summary: str = ""  # one line: what goes wrong, and the fix
     module: ModuleCase | None = None  # set when the bug lives in the module (the doctor uses it)
+    lesson: str = ""  # filled in by the Lesson that lists the scenario
 
     @property
     def key(self) -> str:
@@ -175,8 +191,22 @@ class Scenario:
     def run(self, which: str = "broken", **kwargs) -> RunResult:
         return self.variant(which).run(label=f"{self.key} {which}", **kwargs)
 
-    def check(self, which: str, result: RunResult) -> list[str]:
+    def differences(self, which: str, result: RunResult) -> list[str]:
+        """What differs between `result` and the outcome declared for `which`; empty when
+        the run behaved as declared."""
         return self.variant(which).expect.check(result)
+
+    def assert_declared(self, which: str, result: RunResult) -> RunResult:
+        """Raise AssertionError (naming every difference) unless `result` has the outcome
+        declared for `which` ("broken": the failure it must show; "fixed": its success).
+        Returns `result`, so a cell can go on with it."""
+        problems = self.differences(which, result)
+        if problems:
+            raise AssertionError(f"{self.key} {which} is not as declared: " + "; ".join(problems))
+        return result
+
+    # Deprecated spelling of `differences`, kept while notebooks move to `assert_declared`.
+    check = differences
 
 
 @dataclass
@@ -187,6 +217,16 @@ class Lesson:
     scenarios: list[Scenario]
     # results[scenario name][variant] -> RunResult  ==>  {figure name: matplotlib Figure}
     figures: Callable[[Mapping[str, Mapping[str, RunResult]]], dict[str, Any]] | None = None
+    error_class: str = ""  # a few words: the class of error it teaches (the doctor names it)
+
+    def __post_init__(self):
+        if not re.fullmatch(r"\d\d", self.id):
+            raise ValueError(f"a lesson id is two digits, got {self.id!r}")
+        for s in self.scenarios:
+            if s.lesson not in ("", self.id):
+                raise ValueError(f"scenario {s.name!r} names lesson {s.lesson!r} but is listed "
+                                 f"in lesson {self.id}")
+        self.scenarios = [replace(s, lesson=self.id) for s in self.scenarios]
 
     def scenario(self, name: str) -> Scenario:
         for s in self.scenarios:

@@ -74,6 +74,6 @@ def runs(request):
     def get(name: str, which: str):
         scenario = lesson.scenario(name)
         result = scenario_run(scenario, which)
-        assert scenario.check(which, result) == [], f"{scenario.key} {which} not as declared"
+        scenario.assert_declared(which, result)
         return result
     return get

@@ -12,7 +12,7 @@ ALL = [(s, v) for lesson in lessons().values() for s in lesson.scenarios for v i
 @pytest.mark.parametrize("scenario, which", ALL, ids=[f"{s.key}-{v}" for s, v in ALL])
 def test_scenario_is_as_declared(scenario, which):
     result = scenario_run(scenario, which)
-    assert scenario.check(which, result) == []
+    scenario.assert_declared(which, result)
     if which == "fixed":
         assert result.status == "ok"
 

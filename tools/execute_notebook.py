@@ -14,7 +14,7 @@ from nbclient import NotebookClient
 
 def execute(path: Path, timeout: int = 600) -> float:
     nb = nbformat.read(path, as_version=4)
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
     start = time.time()
     NotebookClient(nb, timeout=timeout, kernel_name="python3",
                    resources={"metadata": {"path": str(path.parent)}}).execute()

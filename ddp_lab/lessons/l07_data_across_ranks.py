@@ -205,11 +205,12 @@ def _also_zero(name: str, result) -> list[str]:
 
 LESSON = Lesson(
     id="07",
+    error_class="data across ranks",
     title="Data across ranks: DistributedSampler, set_epoch, uneven inputs and Join",
     notebook="07_data_across_ranks",
     figures=figures,
     scenarios=[
-        Scenario("07", "no_sampler", "No DistributedSampler: every rank trains on the same samples",
+        Scenario("no_sampler", "No DistributedSampler: every rank trains on the same samples",
                  broken=Variant(train, Expect("ok", metric="overlap", above=0.99),
                                 kwargs={"batches": shuffled_batches}),
                  fixed=Variant(train, Expect("ok", metric="overlap", below=1e-6,
@@ -217,7 +218,7 @@ LESSON = Lesson(
                                kwargs={"batches": distributed_batches}),
                  summary="shuffle=True on identically seeded ranks gives each the same batches; "
                          "DistributedSampler gives each rank its own share"),
-        Scenario("07", "no_set_epoch", "DistributedSampler without set_epoch: the same order every epoch",
+        Scenario("no_set_epoch", "DistributedSampler without set_epoch: the same order every epoch",
                  broken=Variant(train, Expect("ok", metric="repeated", above=0.99),
                                 kwargs={"batches": sampler_batches_no_set_epoch}),
                  fixed=Variant(train, Expect("ok", metric="repeated", below=1e-6,
@@ -225,7 +226,7 @@ LESSON = Lesson(
                                kwargs={"batches": distributed_batches}),
                  summary="the sampler shuffles with seed + epoch; without set_epoch every epoch "
                          "repeats the first one's order"),
-        Scenario("07", "uneven_inputs", "Uneven inputs: the rank with more batches waits forever",
+        Scenario("uneven_inputs", "Uneven inputs: the rank with more batches waits forever",
                  broken=Variant(train, Expect("timeout", match="all_gather", ranks=(1,),
                                               extra=_stuck_in_backward),
                                 kwargs={"batches": filtered_shard_batches}, timeout=3, grace=2),

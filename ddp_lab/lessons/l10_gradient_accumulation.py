@@ -218,11 +218,12 @@ K = 4
 
 LESSON = Lesson(
     id="10",
+    error_class="gradient accumulation",
     title="Gradient accumulation and no_sync",
     notebook="10_gradient_accumulation",
     figures=figures,
     scenarios=[
-        Scenario("10", "no_sync", "Accumulating gradients without no_sync",
+        Scenario("no_sync", "Accumulating gradients without no_sync",
                  broken=Variant(accumulate_and_step, Expect("ok", metric="allreduces", above=K - 0.5,
                                                             extra=_gradients_match),
                                 kwargs={"k": K}),
@@ -231,7 +232,7 @@ LESSON = Lesson(
                                kwargs={"k": K, "backward": backward_with_no_sync}),
                  summary=f"every backward all-reduces: {K} all-reduces per step for {K} "
                          "micro-batches; `with model.no_sync():` on all but the last makes it one"),
-        Scenario("10", "loss_scaling", "Micro-batch losses summed instead of averaged",
+        Scenario("loss_scaling", "Micro-batch losses summed instead of averaged",
                  broken=Variant(accumulate_and_step, Expect("ok", metric="grad_error", above=0.5),
                                 kwargs={"k": K, "backward": backward_summing_losses}),
                  fixed=Variant(accumulate_and_step, Expect("ok", metric="grad_error",

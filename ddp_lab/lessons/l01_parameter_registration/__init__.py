@@ -73,35 +73,36 @@ STATIC_GRAPH = replace(UNUSED_BROKEN, expect=SYNCED).with_kwargs(ddp_options={"s
 
 LESSON = Lesson(
     id="01",
+    error_class="parameter registration",
     title="Parameters that don't sync: registration, unused parameters, DataParallel",
     notebook="01_parameter_registration",
     figures=figures,
     scenarios=[
-        Scenario("01", "plain_tensor", "A trainable tensor kept as a plain attribute",
+        Scenario("plain_tensor", "A trainable tensor kept as a plain attribute",
                  broken=_train(m.GainNet, _drifts("gain")),
                  fixed=_train(m.GainNetFixed, SYNCED),
                  summary="torch.randn(..., requires_grad=True) is not in parameters(): DDP never "
                          "broadcasts or all-reduces it, SGD never steps it; use nn.Parameter",
                  module=ModuleCase(m.GainNet, m.GainNetFixed, _batch)),
-        Scenario("01", "plain_list", "Sub-modules and parameters kept in plain Python lists",
+        Scenario("plain_list", "Sub-modules and parameters kept in plain Python lists",
                  broken=_train(m.StackNet, _drifts("blocks[0].weight", "scales[0]")),
                  fixed=_train(m.StackNetFixed, SYNCED),
                  summary="modules and parameters in a list or dict are invisible to PyTorch; use "
                          "nn.ModuleList / nn.ModuleDict / nn.ParameterList / nn.ParameterDict",
                  module=ModuleCase(m.StackNet, m.StackNetFixed, _batch)),
-        Scenario("01", "no_parameters", "A module whose every tensor is unregistered",
+        Scenario("no_parameters", "A module whose every tensor is unregistered",
                  broken=_train(m.BareLinear, Expect(
                      "error", "RuntimeError", r"DistributedDataParallel is not needed when a "
                      r"module doesn't have any parameter that requires a gradient", ranks=(0, 1))),
                  fixed=_train(m.BareLinearFixed, SYNCED),
                  summary="DDP refuses a module with no parameter that requires a gradient",
                  module=ModuleCase(m.BareLinear, m.BareLinearFixed, _batch)),
-        Scenario("01", "unused_parameter", "A parameter the forward pass leaves unused",
+        Scenario("unused_parameter", "A parameter the forward pass leaves unused",
                  broken=UNUSED_BROKEN, fixed=_train(m.AuxHeadNetFixed, SYNCED),
                  summary="the reducer waits for a gradient that never comes and fails at the next "
                          "step; remove or use it (or find_unused_parameters / static_graph)",
                  module=ModuleCase(m.AuxHeadNet, m.AuxHeadNetFixed, _batch)),
-        Scenario("01", "static_graph_changing", "static_graph=True on a graph that changes",
+        Scenario("static_graph_changing", "static_graph=True on a graph that changes",
                  broken=_train(m.AlternatingNet, Expect(
                      "error", "RuntimeError", r"Your training graph has changed in this iteration",
                      ranks=(0, 1)), ddp_options={"static_graph": True}),
@@ -109,7 +110,7 @@ LESSON = Lesson(
                               ddp_options={"find_unused_parameters": True}),
                  summary="static_graph only fits a model that uses the same parameters every "
                          "step; a changing set needs find_unused_parameters=True"),
-        Scenario("01", "data_parallel", "DataParallel inside each rank instead of DDP",
+        Scenario("data_parallel", "DataParallel inside each rank instead of DDP",
                  broken=_train(m.SmallNet, Expect("ok", metric="drift", above=1e-3),
                                wrapper="dp"),
                  fixed=_train(m.SmallNet, SYNCED, wrapper="ddp"),

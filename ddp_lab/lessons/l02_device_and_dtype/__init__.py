@@ -59,17 +59,18 @@ NO_INIT = _materialise("to_empty", Expect("ok", metric="nonfinite_tensors", abov
 
 LESSON = Lesson(
     id="02",
+    error_class="device and dtype",
     title="Tensors on the wrong device or dtype",
     notebook="02_device_and_dtype",
     figures=figures,
     scenarios=[
-        Scenario("02", "constant_cast", "A constant kept as a plain attribute, after .to(dtype)",
+        Scenario("constant_cast", "A constant kept as a plain attribute, after .to(dtype)",
                  broken=CAST_BROKEN, fixed=_cast(m.RandomFeaturesFixed, Expect("ok")),
                  summary="module.to() moves and casts parameters and buffers only; register "
                          "constants with register_buffer",
                  module=ModuleCase(m.RandomFeatures, m.RandomFeaturesFixed,
                                    _batch(m.RandomFeatures))),
-        Scenario("02", "constant_across_ranks", "A random constant that each rank draws for itself",
+        Scenario("constant_across_ranks", "A random constant that each rank draws for itself",
                  broken=_across(m.RandomFeatures, CAST_FAILS if ON_GPUS else Expect(
                      "ok", metric="drift", above=1e-3)),
                  fixed=_across(m.RandomFeaturesFixed, SYNCED),
@@ -77,12 +78,12 @@ LESSON = Lesson(
                          "each rank keeps its own random constant",
                  module=ModuleCase(m.RandomFeatures, m.RandomFeaturesFixed,
                                    _batch(m.RandomFeatures))),
-        Scenario("02", "forward_tensor", "A tensor made in forward with the default device/dtype",
+        Scenario("forward_tensor", "A tensor made in forward with the default device/dtype",
                  broken=_cast(m.TinyRNN, CAST_FAILS), fixed=_cast(m.TinyRNNFixed, Expect("ok")),
                  summary="torch.zeros(n) in forward is float32 on the CPU whatever the module is; "
                          "derive it from the input: x.new_zeros(...)",
                  module=ModuleCase(m.TinyRNN, m.TinyRNNFixed, _batch(m.TinyRNN))),
-        Scenario("02", "device_ids_on_cpu", "device_ids passed for a module on the CPU",
+        Scenario("device_ids_on_cpu", "device_ids passed for a module on the CPU",
                  broken=Variant(wrap_for_device, Expect(
                      "error", "ValueError", r"device_ids and output_device arguments only work "
                      r"with single-device/multiple-device GPU modules or CPU modules",
@@ -90,12 +91,12 @@ LESSON = Lesson(
                  fixed=Variant(wrap_for_device, SYNCED, kwargs={"pattern": "agnostic"}),
                  summary="build on the CPU, let one helper pick cuda:LOCAL_RANK or cpu, move once, "
                          "pass device_ids only for CUDA"),
-        Scenario("02", "meta_to", "A module built on meta, moved with .to()",
+        Scenario("meta_to", "A module built on meta, moved with .to()",
                  broken=_materialise("to", Expect("error", "NotImplementedError",
                                                   r"Cannot copy out of meta tensor", ranks=(0, 1))),
                  fixed=_materialise("init", FINITE),
                  summary="meta tensors hold no data: materialise with to_empty(), then initialise"),
-        Scenario("02", "meta_forgot_init", "to_empty() and reset_parameters(), a buffer forgotten",
+        Scenario("meta_forgot_init", "to_empty() and reset_parameters(), a buffer forgotten",
                  broken=_materialise("reset_parameters", Expect(
                      "ok", metric="nonfinite_tensors", above=0.5)),
                  fixed=_materialise("init", FINITE),

@@ -125,28 +125,29 @@ def figures(results) -> dict:
 
 LESSON = Lesson(
     id="03",
+    error_class="process groups and deadlocks",
     title="Process groups, hangs and deadlocks",
     notebook="03_process_groups_and_deadlocks",
     figures=figures,
     scenarios=[
-        Scenario("03", "init_wrong_world_size", "A process group that can never form",
+        Scenario("init_wrong_world_size", "A process group that can never form",
                  broken=INIT_BROKEN, fixed=_init(Expect("ok", metric="sum", above=1.5, below=2.5)),
                  summary="world_size=3 with 2 processes: with a 3 s timeout, init_process_group "
                          "raises instead of hanging; take rank and world size from the launcher"),
-        Scenario("03", "collective_on_rank0", "An all_reduce only rank 0 calls, to print the loss",
+        Scenario("collective_on_rank0", "An all_reduce only rank 0 calls, to print the loss",
                  broken=REPORT_BROKEN,
                  fixed=Variant(train_and_report,
                                Expect("ok", extra=printed_on_rank0_only(3)),
                                kwargs={"report": report_on_every_rank}, timeout=30),
                  summary="rank 0 waits in all_reduce, rank 1 in DDP's next forward; a barrier "
                          "does not help; every rank all-reduces, only rank 0 prints"),
-        Scenario("03", "mismatched_collectives", "Per-sample losses all-reduced from uneven shards",
+        Scenario("mismatched_collectives", "Per-sample losses all-reduced from uneven shards",
                  broken=MISMATCH_BROKEN,
                  fixed=Variant(evaluate, Expect("ok", metric="error", below=1e-6, metric_rank=None),
                                kwargs={"shard_sizes": (4, 3), "summary": True}),
                  summary="shapes 4 and 3: a misleading peer error on one rank, a wrong mean on "
                          "the other; DETAIL names both shapes; all-reduce (sum, count) instead"),
-        Scenario("03", "monitored_barrier", "A rank that never reaches the end-of-epoch barrier",
+        Scenario("monitored_barrier", "A rank that never reaches the end-of-epoch barrier",
                  broken=MONITORED_BROKEN,
                  fixed=Variant(uneven_epoch, Expect("ok"),
                                kwargs={"batches": (3, 3), "barrier": "monitored"}),

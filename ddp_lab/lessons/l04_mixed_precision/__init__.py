@@ -57,11 +57,12 @@ def _batch(rank):
 
 LESSON = Lesson(
     id="04",
+    error_class="mixed precision",
     title="Mixed precision in custom modules: autocast, GradScaler, bfloat16",
     notebook="04_mixed_precision",
     figures=figures,
     scenarios=[
-        Scenario("04", "custom_function", "A custom autograd Function under autocast",
+        Scenario("custom_function", "A custom autograd Function under autocast",
                  broken=_autocast(m.CustomOpNet, Expect("error", "RuntimeError", DTYPE_MISMATCH,
                                                         ranks=(0, 1))),
                  fixed=_autocast(m.CustomOpNetFixed, SYNCED),
@@ -69,7 +70,7 @@ LESSON = Lesson(
                          "its backward runs outside autocast and mixes them: decorate forward with "
                          "torch.amp.custom_fwd(cast_inputs=torch.float32), backward with custom_bwd",
                  module=ModuleCase(m.CustomOpNet, m.CustomOpNetFixed, _batch, amp="bf16")),
-        Scenario("04", "fp16_underflow", "float16 without a GradScaler: gradients underflow to 0",
+        Scenario("fp16_underflow", "float16 without a GradScaler: gradients underflow to 0",
                  broken=Variant(compare_precisions, Expect("ok", metric="zero_grad_fraction",
                                                            above=0.5),
                                 kwargs={"runs": REFERENCE_RUNS}, timeout=60),
@@ -80,7 +81,7 @@ LESSON = Lesson(
                  summary="gradients below float16's smallest step (6e-8) become exactly 0 and "
                          "training stalls; torch.amp.GradScaler multiplies the loss first and "
                          "divides the gradients after. bfloat16 has float32's range: no scaler"),
-        Scenario("04", "buffer_dtype", "A float32 buffer updated in place from bfloat16 activations",
+        Scenario("buffer_dtype", "A float32 buffer updated in place from bfloat16 activations",
                  broken=_autocast(m.CentredFeatures, Expect("error", "RuntimeError",
                                   r"expected dtype float for `end` but got dtype c10::BFloat16",
                                   ranks=(0, 1))),
@@ -88,7 +89,7 @@ LESSON = Lesson(
                  summary="lerp_ (like index_copy_ and scatter_) does not promote dtypes: cast the "
                          "statistic to the buffer's dtype, and the buffer to the activations'",
                  module=ModuleCase(m.CentredFeatures, m.CentredFeaturesFixed, _batch, amp="bf16")),
-        Scenario("04", "half_weights", "A module that stores its own weights in bfloat16",
+        Scenario("half_weights", "A module that stores its own weights in bfloat16",
                  broken=Variant(train_half_weights, Expect("error", "RuntimeError", DTYPE_MISMATCH,
                                                            ranks=(0, 1)),
                                 kwargs={"model_cls": m.HalfWeightNet}, grace=2),
@@ -97,7 +98,7 @@ LESSON = Lesson(
                  summary="under autocast it trains, but most small updates round away; the float32 "
                          "evaluation then fails. Keep weights float32 and let autocast cast each op",
                  module=ModuleCase(m.HalfWeightNet, m.FullWeightNet, _batch, amp="bf16")),
-        Scenario("04", "deprecated_amp", "The source document's torch.cuda.amp calls",
+        Scenario("deprecated_amp", "The source document's torch.cuda.amp calls",
                  broken=Variant(amp_api_step, Expect("ok", metric="future_warnings", above=0.5,
                                                      extra=_cuda_amp_disabled_on_cpu),
                                 kwargs={"api": "torch.cuda.amp"}),
@@ -107,7 +108,7 @@ LESSON = Lesson(
                  summary="torch.cuda.amp.autocast / GradScaler raise FutureWarnings, and without CUDA "
                          "they switch themselves off; torch.autocast(device_type) and "
                          "torch.amp.GradScaler(device) work on every device"),
-        Scenario("04", "zero_state_dict", "ZeroRedundancyOptimizer: saving a sharded optimizer",
+        Scenario("zero_state_dict", "ZeroRedundancyOptimizer: saving a sharded optimizer",
                  broken=Variant(zero_checkpoint, Expect("error", "RuntimeError",
                                                         r"has not been consolidated", ranks=(0,)),
                                 grace=2),

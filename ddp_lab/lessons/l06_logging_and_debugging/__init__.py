@@ -110,30 +110,31 @@ def figures(results) -> dict:
 
 LESSON = Lesson(
     id="06",
+    error_class="logging and debugging",
     title="Logging and debugging across ranks",
     notebook="06_logging_and_debugging",
     figures=figures,
     scenarios=[
-        Scenario("06", "every_rank_prints", "Every rank prints and logs",
+        Scenario("every_rank_prints", "Every rank prints and logs",
                  broken=Variant(train_and_log, Expect("ok", extra=_floods_console),
                                 kwargs={"report": print_and_log}),
                  fixed=Variant(train_and_log, Expect("ok", extra=rank0_console_every_rank_record),
                                kwargs={"report": rank_log}),
                  summary="each message once per rank, twice (print and logging), none saying its "
                          "rank; a rank-aware logger: rank 0 on the console, every rank on record"),
-        Scenario("06", "one_rank_fails", "One rank's batch holds a token the model does not know",
+        Scenario("one_rank_fails", "One rank's batch holds a token the model does not know",
                  broken=Variant(train_tokens, Expect("error", "IndexError", OUT_OF_RANGE, ranks=(1,),
                                                      extra=_root_is(1)),
                                 kwargs={"vocab_size": len(VOCAB)}, grace=2),
                  fixed=Variant(train_tokens, Expect("ok"), kwargs={"vocab_size": len(VOCAB) + 1}),
                  summary="rank 1 raises IndexError; rank 0's peer error is collateral; size the "
                          "embedding from the tokenizer, <eos> included"),
-        Scenario("06", "debug_detail", "TORCH_DISTRIBUTED_DEBUG=DETAIL on a correct DDP model",
+        Scenario("debug_detail", "TORCH_DISTRIBUTED_DEBUG=DETAIL on a correct DDP model",
                  broken=_aux("DETAIL", DETAIL_CRASH, model_cls=BothHeads),
                  fixed=_aux("INFO", Expect("ok"), model_cls=BothHeads),
                  summary="DETAIL segfaults DDP's constructor on torch 2.13 CPU/gloo, bug or no bug; "
                          "use INFO for DDP (it names unused parameters), DETAIL for collectives"),
-        Scenario("06", "stuck_ranks", "Rank 0 waits at a barrier, rank 1 for a file rank 0 writes after it",
+        Scenario("stuck_ranks", "Rank 0 waits at a barrier, rank 1 for a file rank 0 writes after it",
                  broken=Variant(prepare_then_share, Expect("timeout", match="in barrier", ranks=(0,),
                                                            extra=_stack_of(1, "in wait_for_file")),
                                 kwargs={"barrier_first": True}, timeout=3),
@@ -141,7 +142,7 @@ LESSON = Lesson(
                                kwargs={"barrier_first": False}),
                  summary="a collective and a plain wait deadlock; the stacks name both; write, "
                          "then barrier, then read"),
-        Scenario("06", "straggler", "One rank loads its batches slowly",
+        Scenario("straggler", "One rank loads its batches slowly",
                  broken=Variant(straggler, Expect("ok", metric="wait_s", above=0.075),
                                 kwargs={"slow_rank": 1}),
                  fixed=Variant(straggler, Expect("ok", metric="wait_s", below=0.075, metric_rank=None),

@@ -44,11 +44,12 @@ NORM_CASE = ModuleCase(broken=partial(NormNet, nn.BatchNorm1d), fixed=partial(No
 
 LESSON = Lesson(
     id="08",
+    error_class="buffers and BatchNorm",
     title="Buffers and BatchNorm",
     notebook="08_buffers_and_batchnorm",
     figures=figures,
     scenarios=[
-        Scenario("08", "local_buffer", "A buffer updated from local data: ranks drift apart",
+        Scenario("local_buffer", "A buffer updated from local data: ranks drift apart",
                  broken=Variant(train_stats, Expect("ok", metric="drift", above=1e-3),
                                 kwargs={"center_cls": RunningCenter, "sync_buffers": False}),
                  fixed=Variant(train_stats, Expect("ok", metric="drift", below=1e-6, extra=_unbiased),
@@ -56,7 +57,7 @@ LESSON = Lesson(
                  summary="each rank updates its running mean from its own batch; all-reduce the "
                          "batch statistics before the update",
                  module=CENTER_CASE),
-        Scenario("08", "rank0_buffer", "DDP's buffer sync: the ranks agree, on rank 0's data alone",
+        Scenario("rank0_buffer", "DDP's buffer sync: the ranks agree, on rank 0's data alone",
                  broken=Variant(train_stats, Expect("ok", metric="bias", above=0.1),
                                 kwargs={"center_cls": RunningCenter, "sync_buffers": True}),
                  fixed=Variant(train_stats, Expect("ok", metric="bias", below=1e-5),
@@ -64,7 +65,7 @@ LESSON = Lesson(
                  summary="forward_sync_buffers copies rank 0's buffers over the others at each "
                          "forward: rank 1's data never reaches the statistic",
                  module=CENTER_CASE),
-        Scenario("08", "deprecated_flag", "broadcast_buffers is deprecated: forward_sync_buffers",
+        Scenario("deprecated_flag", "broadcast_buffers is deprecated: forward_sync_buffers",
                  broken=Variant(wrap_with, Expect("ok", metric="init_drift", above=0.5, extra=_warned),
                                 kwargs={"flag": "broadcast_buffers"}),
                  fixed=Variant(wrap_with, Expect("ok", metric="init_drift", below=1e-6,
@@ -72,7 +73,7 @@ LESSON = Lesson(
                                kwargs={"flag": "forward_sync_buffers"}),
                  summary="the old flag warns (FutureWarning) and skips the buffer sync at init; "
                          "forward_sync_buffers=False still syncs buffers when DDP wraps the module"),
-        Scenario("08", "batchnorm_small_batches", "BatchNorm on 4 samples per rank: per-rank statistics",
+        Scenario("batchnorm_small_batches", "BatchNorm on 4 samples per rank: per-rank statistics",
                  broken=Variant(train_norm, Expect("ok", metric="gap", above=1e-3),
                                 kwargs={"norm_cls": nn.BatchNorm1d}),
                  fixed=Variant(train_norm, Expect("ok", metric="gap", below=1e-4),
@@ -80,7 +81,7 @@ LESSON = Lesson(
                  summary="each rank normalises with its own 4-sample statistics, so 2 ranks do not "
                          "train the model one process would; all-reduce the statistics",
                  module=NORM_CASE),
-        Scenario("08", "syncbn_on_cpu", "SyncBatchNorm refuses CPU modules",
+        Scenario("syncbn_on_cpu", "SyncBatchNorm refuses CPU modules",
                  broken=Variant(train_norm_on_cpu, Expect("error", "ValueError",
                                 "SyncBatchNorm layers only work with GPU modules", ranks=(0, 1)),
                                 kwargs={"convert_sync_bn": True}, init_process_group=False),

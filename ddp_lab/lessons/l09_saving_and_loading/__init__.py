@@ -55,11 +55,12 @@ PREFIX_ERROR = (r'(?s)Missing key\(s\) in state_dict: "fc1\.weight".*'
 
 LESSON = Lesson(
     id="09",
+    error_class="saving and loading",
     title="Saving and loading checkpoints",
     notebook="09_saving_and_loading",
     figures=figures,
     scenarios=[
-        Scenario("09", "every_rank_writes", "Every rank writes the same checkpoint file",
+        Scenario("every_rank_writes", "Every rank writes the same checkpoint file",
                  broken=Variant(checkpoint_and_reload, Expect("ok", metric="overwritten", above=0.5,
                                                               extra=_every_rank_wrote)),
                  fixed=Variant(checkpoint_and_reload, Expect("ok", metric="overwritten", below=0.5,
@@ -67,7 +68,7 @@ LESSON = Lesson(
                                kwargs={"save": save_on_rank0}),
                  summary="every rank writes one file: the last writer wins a race and the other "
                          "states are lost; rank 0 writes, the rest wait at a barrier, all load"),
-        Scenario("09", "module_prefix", "A DDP state_dict loaded into a plain module",
+        Scenario("module_prefix", "A DDP state_dict loaded into a plain module",
                  broken=Variant(reload_into_plain_model, Expect("error", "RuntimeError", PREFIX_ERROR,
                                                                 ranks=(0, 1))),
                  fixed=Variant(reload_into_plain_model, Expect("ok", metric="mismatch", below=0.5,
@@ -75,14 +76,14 @@ LESSON = Lesson(
                                kwargs={"save": save_module_state_dict}),
                  summary="ddp_model.state_dict() prefixes every key with `module.`; save "
                          "ddp_model.module.state_dict() (or strip the prefix when loading)"),
-        Scenario("09", "map_location", "A GPU rank 0's checkpoint loaded without map_location",
+        Scenario("map_location", "A GPU rank 0's checkpoint loaded without map_location",
                  broken=Variant(load_gpu_checkpoint, _map_location_broken()),
                  fixed=Variant(load_gpu_checkpoint, Expect("ok", metric="off_device", below=0.5,
                                                            metric_rank=None),
                                kwargs={"load": load_to_own_device}),
                  summary="torch.load restores tensors on the device the file records (cuda:0); "
                          "map_location=device() puts them on each rank's own device"),
-        Scenario("09", "load_order", "Rank 0 loads the checkpoint after DDP wrapping",
+        Scenario("load_order", "Rank 0 loads the checkpoint after DDP wrapping",
                  broken=Variant(resume_and_train, Expect("ok", metric="drift", above=1e-3,
                                                          metric_rank=None)),
                  fixed=Variant(resume_and_train, Expect("ok", metric="drift", below=1e-6,
