@@ -167,6 +167,7 @@ class ModuleCase:
     fixed: Callable[[], Any]
     input: Callable[[int], Any]
     amp: str | None = None  # "bf16" / "fp16" when the bug shows only under autocast
+    strategy: str = "ddp"  # "fsdp2" / "zero3" when the bug shows only with the module sharded
 
 
 @dataclass(frozen=True)

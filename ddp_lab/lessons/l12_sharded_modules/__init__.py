@@ -1,0 +1,78 @@
+"""Lesson 12: custom modules under sharding -- FSDP2 (`fully_shard`) and DeepSpeed ZeRO-3.
+
+Outside its own unit's forward a sharded parameter is not a whole tensor: under FSDP2 it is a
+`DTensor` holding this rank's shard, under ZeRO-3 an empty tensor of shape (0,). A weight read
+by a second unit, a norm logged in the training loop, a penalty, a `state_dict()`: each either
+fails with PyTorch's DTensor error or silently computes with the shard. The memory scenario
+measures what sharding buys: bytes per rank by ZeRO stage.
+"""
+from __future__ import annotations
+
+from ...registry import Expect, Lesson, ModuleCase, Scenario, Variant
+from .figures import draw_memory, figures
+from .modules import (Gated, GatedFixed, RegisteredTie, TiedLM, TiedLMFixed, features, mlp,
+                      tokens, units)
+from .runs import (full_state_dict, log_weight_norm, norm_of_full, norm_of_shard,
+                   save_and_reload, shard, state_dict_as_is, train_tied)
+from .runs_memory import STAGES, formula_bytes, memory_per_rank, storage_bytes
+from .runs_zero3 import read_as_is, read_gathered, squares, zero3_engine, zero3_penalty
+
+__all__ = ["LESSON", "TiedLM", "TiedLMFixed", "RegisteredTie", "Gated", "GatedFixed", "mlp",
+           "units", "tokens", "features", "shard", "train_tied", "log_weight_norm",
+           "norm_of_shard", "norm_of_full", "save_and_reload", "state_dict_as_is",
+           "full_state_dict", "zero3_engine", "zero3_penalty", "squares", "read_as_is",
+           "read_gathered", "memory_per_rank", "formula_bytes", "storage_bytes", "STAGES",
+           "figures", "draw_memory"]
+
+MIXED = r"got mixed torch\.Tensor and DTensor, need to convert all torch\.Tensor to DTensor"
+DS_TIMEOUT = 120.0  # deepspeed.initialize costs a rank seconds (more on a loaded machine)
+
+LESSON = Lesson(
+    id="12",
+    error_class="sharded modules (FSDP2, ZeRO-3)",
+    title="Custom modules under sharding: FSDP2 and DeepSpeed ZeRO-3",
+    notebook="12_sharded_modules",
+    figures=figures,
+    scenarios=[
+        Scenario("tied_across_units", "A weight read by a second FSDP2 unit",
+                 broken=Variant(train_tied, Expect("error", "RuntimeError",
+                                                   r"aten\.mm\.default " + MIXED, ranks=(0, 1))),
+                 fixed=Variant(train_tied, Expect("ok"), kwargs={"model_cls": TiedLMFixed}),
+                 module=ModuleCase(TiedLM, TiedLMFixed, tokens, strategy="fsdp2"),
+                 summary="the output projection reads the embedding's weight after the "
+                         "embedding's unit resharded it; keep the tie inside one unit"),
+        Scenario("read_outside_forward", "A weight norm logged outside forward under FSDP2",
+                 broken=Variant(log_weight_norm, Expect("ok", metric="norm_error", above=0.1,
+                                                        metric_rank=None)),
+                 fixed=Variant(log_weight_norm, Expect("ok", metric="norm_error", below=1e-6,
+                                                       metric_rank=None),
+                               kwargs={"read": norm_of_full}),
+                 module=ModuleCase(Gated, GatedFixed, features, strategy="fsdp2"),
+                 summary="outside forward a weight is this rank's shard: its norm is silently "
+                         "wrong and differs per rank; read weight.full_tensor() on every rank"),
+        Scenario("sharded_state_dict", "A sharded model's state_dict loaded into a plain module",
+                 broken=Variant(save_and_reload, Expect("error", "RuntimeError",
+                                                        r"aten\.copy_\.default " + MIXED,
+                                                        ranks=(0, 1))),
+                 fixed=Variant(save_and_reload, Expect("ok", metric="max_diff", below=1e-5),
+                               kwargs={"take": full_state_dict}),
+                 summary="model.state_dict() holds DTensor shards; get_model_state_dict with "
+                         "full_state_dict=True, cpu_offload=True gives rank 0 plain tensors"),
+        Scenario("zero3_penalty", "A weight penalty computed outside forward under ZeRO-3",
+                 broken=Variant(zero3_penalty, Expect("ok", metric="penalty_error", above=0.99,
+                                                      metric_rank=None), timeout=DS_TIMEOUT),
+                 fixed=Variant(zero3_penalty, Expect("ok", metric="penalty_error", below=1e-6,
+                                                     metric_rank=None),
+                               kwargs={"gather": read_gathered}, timeout=DS_TIMEOUT),
+                 summary="outside forward a ZeRO-3 parameter has shape (0,): the penalty is "
+                         "silently 0.0; read it inside deepspeed.zero.GatheredParameters"),
+        Scenario("memory_per_rank", "Bytes per rank: DDP, ZeRO-1 and FSDP2",
+                 broken=Variant(memory_per_rank, Expect("ok", metric="unsharded_share",
+                                                        above=0.95)),
+                 fixed=Variant(memory_per_rank, Expect("ok", metric="unsharded_share",
+                                                       below=0.55),
+                               kwargs={"strategies": tuple(STAGES)}),
+                 summary="DDP holds every byte of parameters, gradients and Adam state on "
+                         "every rank; FSDP2 holds 1/N of each"),
+    ],
+)

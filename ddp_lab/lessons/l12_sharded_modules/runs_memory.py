@@ -1,0 +1,89 @@
+"""Lesson 12's memory measurement, on each rank: the bytes of parameters, gradients and
+optimizer state a rank holds after two Adam steps, counted from the tensors' own storage
+(each storage once), under DDP (ZeRO stage 0), DDP + ZeroRedundancyOptimizer (stage 1) and
+FSDP2 (stage 3).
+
+Every function here runs on a rank (through `ddp_lab.launch`); none starts a process.
+"""
+from __future__ import annotations
+
+import torch
+
+from ...rankinfo import ddp_kwargs, device, rank_info
+from .modules import WIDTH, features
+from .runs import shard
+
+STAGES = {"ddp": 0, "zero1": 1, "fsdp2": 3}
+
+
+def wide_mlp() -> torch.nn.Module:
+    """Big enough that the step counters and biases do not blur the picture."""
+    return torch.nn.Sequential(torch.nn.Linear(WIDTH, 256), torch.nn.ReLU(),
+                               torch.nn.Linear(256, 256), torch.nn.ReLU(),
+                               torch.nn.Linear(256, 4))
+
+
+def storage_bytes(tensors) -> int:
+    """The bytes of the distinct storages behind `tensors` (a DTensor counts its local shard)."""
+    seen = {}
+    for t in tensors:
+        if t is None:
+            continue
+        local = t.to_local() if hasattr(t, "to_local") else t
+        s = local.untyped_storage()
+        seen[s.data_ptr()] = s.nbytes()
+    return sum(seen.values())
+
+
+def build(strategy: str):
+    """The model and optimizer of one strategy; `module` is what holds the parameters."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.manual_seed(0)
+    module = wide_mlp().to(device())
+    if strategy == "fsdp2":
+        model = shard(module)
+        return model, module, torch.optim.Adam(model.parameters(), lr=1e-3)
+    model = DDP(module, **ddp_kwargs(device()))
+    if strategy == "zero1":
+        return model, module, ZeroRedundancyOptimizer(model.parameters(), torch.optim.Adam, lr=1e-3)
+    return model, module, torch.optim.Adam(model.parameters(), lr=1e-3)
+
+
+def held_bytes(module, opt) -> dict:
+    inner = getattr(opt, "optim", opt)  # ZeroRedundancyOptimizer keeps its shard's optimizer
+    state = [v for s in inner.state.values() for v in s.values() if torch.is_tensor(v)]
+    params = list(module.parameters())
+    return {"params": storage_bytes(params), "grads": storage_bytes(p.grad for p in params),
+            "optim": storage_bytes(state)}
+
+
+def memory_per_rank(strategies=("ddp",), steps: int = 2) -> dict:
+    """Per strategy: the bytes held on this rank after `steps` steps (gradients kept), and
+    the number of parameters Psi of the whole model."""
+    rank = rank_info().rank
+    out = {}
+    for strategy in strategies:
+        model, module, opt = build(strategy)
+        for _ in range(steps):
+            opt.zero_grad()
+            model(features(rank).to(device())).pow(2).mean().backward()
+            opt.step()
+        out[strategy] = held_bytes(module, opt)
+        del model, module, opt
+    psi = sum(p.numel() for p in wide_mlp().parameters())
+    last = out[strategies[-1]]
+    return {"bytes": out, "psi": psi,
+            "unsharded_share": sum(last.values()) / (16 * psi)}  # fp32 Adam: 4+4+8 bytes
+
+
+def formula_bytes(stage: int, psi: int, world_size: int, k: int = 8, p: int = 4,
+                  g: int = 4) -> dict:
+    """The ZeRO paper's per-rank memory, (p + g + k) * Psi, each part divided by N once its
+    stage partitions it. The paper's mixed-precision case is p = g = 2 bytes, K = 12; this
+    lesson trains in float32 with Adam: p = g = 4, K = 8 (two moments)."""
+    n = world_size
+    return {"params": p * psi / (n if stage >= 3 else 1),
+            "grads": g * psi / (n if stage >= 2 else 1),
+            "optim": k * psi / (n if stage >= 1 else 1)}

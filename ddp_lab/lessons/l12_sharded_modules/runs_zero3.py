@@ -1,0 +1,75 @@
+"""What runs on each rank in lesson 12's DeepSpeed ZeRO-3 scenarios. DeepSpeed is imported
+inside these functions only, so lessons that never use it do not pay for its import.
+
+Every function here runs on a rank (through `ddp_lab.launch`); none starts a process.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from ...rankinfo import rank_info
+from .modules import features, mlp
+
+CONFIG = {"train_micro_batch_size_per_gpu": 8, "zero_optimization": {"stage": 3},
+          # a torch optimizer: DeepSpeed refuses one it has not tested unless told
+          "zero_allow_untested_optimizer": True}
+
+
+def zero3_engine(model, stage: int = 3):
+    """`deepspeed.initialize` on the launcher's gloo group (DeepSpeed picks its CPU
+    accelerator when there is no GPU)."""
+    import deepspeed
+
+    deepspeed.init_distributed(dist_backend="gloo" if not torch.cuda.is_available() else "nccl")
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    # DeepSpeed keeps parameters smaller than stage3_param_persistence_threshold (default
+    # 100,000 elements) whole after their first forward; 0 makes this small model behave like
+    # a large one, whose weights are partitioned again after every forward.
+    zero = {"stage": stage, "stage3_param_persistence_threshold": 0} if stage == 3 else {"stage": stage}
+    config = {**CONFIG, "zero_optimization": zero}
+    engine, *_ = deepspeed.initialize(model=model, optimizer=opt, config=config)
+    return engine
+
+
+def squares(params) -> float:
+    """A weight penalty, computed in the training loop: the sum of every squared weight."""
+    return float(sum(p.detach().pow(2).sum() for p in params))
+
+
+def read_as_is(params):
+    return contextlib.nullcontext()
+
+
+def read_gathered(params):
+    """The fix: gather the partitioned parameters for the block (read-only: no
+    modifier_rank, so nothing is written back)."""
+    import deepspeed
+
+    return deepspeed.zero.GatheredParameters(params)
+
+
+def zero3_penalty(gather=read_as_is, steps: int = 2) -> dict:
+    """Train under ZeRO-3 and compute a weight penalty before and between steps, beside the
+    truth: the same penalty of the gathered weights."""
+    import deepspeed
+
+    rank = rank_info().rank
+    torch.manual_seed(0)
+    model = mlp()
+    engine = zero3_engine(model)
+    params = list(model.parameters())
+    read, truth, shapes = [], [], set()
+    for step in range(steps + 1):
+        if step:
+            engine.backward(engine(features(rank)).pow(2).mean())
+            engine.step()
+        shapes |= {tuple(p.shape) for p in params}
+        with gather(params):
+            read.append(squares(params))
+        with deepspeed.zero.GatheredParameters(params):
+            truth.append(squares(params))
+    error = max(abs(a - b) / b for a, b in zip(read, truth))
+    return {"penalty": read, "truth": truth, "penalty_error": error,
+            "shapes_seen": sorted(list(s) for s in shapes)}
