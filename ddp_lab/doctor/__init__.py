@@ -24,14 +24,15 @@ GRACE = 2.0  # seconds the other ranks get after one fails before their stacks a
 
 def doctor(model, example_input, *, world_size: int = 2, steps: int = 3,
            loss_fn: Callable | None = None, amp: str | None = None,
-           timeout: float = 60) -> Report:
+           timeout: float = 60, strategy: str = "ddp") -> Report:
     """Diagnose `model` (an nn.Module class, a zero-argument factory, or an instance) fed with
     `example_input` (a tensor, a tuple of forward's positional arguments, a dict of its keyword
     arguments, or a callable rank -> batch; a fixed input is perturbed per rank).
 
     Without `loss_fn(output)` the loss is the sum of every floating-point tensor in the output
     (tensor, tuple or dict), weighted element-wise by fixed random numbers. `amp` ("bf16" or
-    "fp16") runs forward under torch.autocast. `timeout` bounds the launch: a module that hangs
+    "fp16") runs forward under torch.autocast. `strategy` "fsdp2" or "zero3" adds the sharded
+    checks of doctor/sharded.py (one more launch, the module sharded). `timeout` bounds the launch: a module that hangs
     is reported with each rank's stack. Raises DoctorInputError (the CLI's exit status 2) when
     the doctor cannot start: a factory that raises, an input that does not fit, no parameters;
     DoctorBug (exit status 3) when the doctor's own code fails on a rank.
@@ -40,6 +41,7 @@ def doctor(model, example_input, *, world_size: int = 2, steps: int = 3,
 
     start = time.time()
     _check_args(world_size, steps, timeout)
+    _check_strategy(strategy)
     inputs.check_amp(amp)
     source = inputs.resolve_model(model)
     instance = inputs.first_instance(source)
@@ -48,6 +50,9 @@ def doctor(model, example_input, *, world_size: int = 2, steps: int = 3,
     inputs.check_fit(instance, inputs.batch_for(example_input, 0), source.name, amp, loss_fn)
     del instance
     run, dynamic = _run_ranks(source, example_input, world_size, steps, loss_fn, amp, timeout)
+    if strategy != "ddp":
+        from .sharded import check
+        dynamic += check(source, example_input, strategy, world_size, timeout)[1]
     return Report(source.name, world_size, steps, amp, findings + dynamic, status=run.status,
                   seconds=time.time() - start, run=run)
 
@@ -59,6 +64,13 @@ def _check_args(world_size, steps, timeout) -> None:
         raise DoctorInputError(f"steps must be an integer >= 1, got {steps!r}")
     if not isinstance(timeout, (int, float)) or timeout < 3:
         raise DoctorInputError(f"timeout must be at least 3 seconds, got {timeout!r}")
+
+
+def _check_strategy(strategy) -> None:
+    from .sharded import STRATEGIES
+
+    if strategy not in STRATEGIES:
+        raise DoctorInputError(f"strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
 
 
 def _check_trainable(instance, name: str, findings: list[Finding]) -> None:

@@ -24,6 +24,8 @@ def configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--world-size", type=int, default=2, help="ranks to run (default 2)")
     p.add_argument("--steps", type=int, default=3, help="DDP training steps (default 3)")
     p.add_argument("--amp", choices=("bf16", "fp16"), help="run forward under torch.autocast")
+    p.add_argument("--strategy", choices=("ddp", "fsdp2", "zero3"), default="ddp",
+                   help="also check the module sharded by FSDP2 or DeepSpeed ZeRO-3")
     p.add_argument("--timeout", type=float, default=60, help="seconds before a hang is reported")
     p.add_argument("--json", action="store_true", help="the report as JSON")
     p.add_argument("--traces", action="store_true", help="full tracebacks and stacks in the text")
@@ -49,7 +51,7 @@ def run(args) -> int:
         model, module = load_target(args.target)
         example = eval_input(args.input_expr, vars(module))
         report = doctor(model, example, world_size=args.world_size, steps=args.steps,
-                        amp=args.amp, timeout=args.timeout)
+                        amp=args.amp, timeout=args.timeout, strategy=args.strategy)
     except DoctorInputError as exc:
         print(f"ddp-lab doctor: {exc}", file=sys.stderr)
         return 2

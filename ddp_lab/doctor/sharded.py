@@ -1,0 +1,175 @@
+"""The doctor's sharded checks (`strategy="fsdp2"` or `"zero3"`): where a custom module's
+weights are read once each unit holds only its shard.
+
+Every rank builds the module, plans the units as FSDP2 users usually do (each direct child
+that holds parameters, then the root), and, on the bare module, records with forward hooks
+and a TorchFunctionMode which parameter each op reads while which unit's forward runs. Then
+it shards the module for real (`fully_shard`, or `deepspeed.initialize` with ZeRO stage 3)
+and runs a forward and backward, keeping PyTorch's (or DeepSpeed's) own message.
+"""
+from __future__ import annotations
+
+from .failures import brief
+from .report import Finding
+
+STRATEGIES = ("ddp", "fsdp2", "zero3")
+
+
+def plan(model) -> list:
+    """The units: every direct child with parameters, then the root."""
+    return [c for c in model.children() if any(True for _ in c.parameters())] + [model]
+
+
+def owners(model, units) -> dict:
+    """id(parameter) -> names of the units that register it (innermost unit owns it)."""
+    names = {id(m): n or "<root>" for n, m in model.named_modules()}
+    found: dict = {}
+    for unit in units:
+        inner = {id(p) for u in units if u is not unit and u in set(unit.modules())
+                 for p in u.parameters()}
+        for _, p in unit.named_parameters(remove_duplicate=False):
+            if id(p) not in inner:
+                found.setdefault(id(p), []).append(names[id(unit)])
+    return {k: sorted(set(v)) for k, v in found.items()}
+
+
+def watched_reads(model, units, batch, own: dict) -> list[tuple[str, str, str]]:
+    """(parameter, owning unit, unit whose forward read it) for each read of a parameter
+    while its own unit's forward was not running."""
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    names = {id(m): n or "<root>" for n, m in model.named_modules()}
+    pnames = {id(p): n for n, p in model.named_parameters()}
+    active: list[str] = []
+    seen: set = set()
+
+    class Reads(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            for a in list(args) + list((kwargs or {}).values()):
+                if isinstance(a, torch.nn.Parameter) and id(a) in own:
+                    if not set(own[id(a)]) & set(active):
+                        seen.add((pnames.get(id(a), "?"), own[id(a)][0], active[-1] if active else "-"))
+            return func(*args, **(kwargs or {}))
+
+    def enter(module, args):
+        active.append(names[id(module)])
+
+    def leave(module, args, output):
+        active.pop()
+
+    handles = [h for u in units for h in (u.register_forward_pre_hook(enter),
+                                           u.register_forward_hook(leave))]
+    from .inputs import call
+    try:
+        with Reads():
+            call(model, batch)
+    finally:
+        for h in handles:
+            h.remove()
+    return sorted(seen)
+
+
+def mixed_grad_units(model, units, own: dict) -> list[str]:
+    names = {id(m): n or "<root>" for n, m in model.named_modules()}
+    mixed = []
+    for unit in units:
+        flags = {p.requires_grad for p in unit.parameters() if names[id(unit)] in own.get(id(p), [])}
+        if len(flags) == 2:
+            mixed.append(names[id(unit)])
+    return mixed
+
+
+def sharded_step(model, units, batch, strategy: str) -> str | None:
+    """One forward and backward with the module really sharded; the exception's first line."""
+    from .inputs import call, default_loss
+
+    try:
+        if strategy == "fsdp2":
+            from torch.distributed.fsdp import fully_shard
+            for unit in units:
+                fully_shard(unit)
+            default_loss(call(model, batch)).backward()
+        else:
+            import deepspeed
+            deepspeed.init_distributed(dist_backend="gloo")
+            cfg = {"train_micro_batch_size_per_gpu": 1, "zero_allow_untested_optimizer": True,
+                   "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}}
+            opt = __import__("torch").optim.SGD(model.parameters(), lr=1e-3)
+            engine, *_ = deepspeed.initialize(model=model, optimizer=opt, config=cfg)
+            engine.backward(default_loss(call(engine, batch)))
+    except Exception as exc:  # PyTorch's or DeepSpeed's own message is the evidence
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def probe(source, example, strategy: str) -> dict:
+    """What one rank sees: ties across units, reads outside a unit's forward, mixed
+    requires_grad, and the sharded run's own error."""
+    import torch
+
+    from ..rankinfo import rank_info
+    from .inputs import batch_for
+
+    rank = rank_info().rank
+    torch.manual_seed(1000 + rank)
+    model = source.build()
+    units = plan(model)
+    own = owners(model, units)
+    pnames = {id(p): n for n, p in model.named_parameters(remove_duplicate=False)}
+    batch = batch_for(example, rank)
+    return {"shared": sorted((pnames[k], v) for k, v in own.items() if len(v) > 1),
+            "reads": watched_reads(model, units, batch, own),
+            "mixed": mixed_grad_units(model, units, own),
+            "error": sharded_step(model, units, batch, strategy)}
+
+
+def check(source, example, strategy: str, world_size: int, timeout: float):
+    """Launch `probe` on `world_size` ranks; (RunResult, findings of lesson 12)."""
+    from ..launcher import launch
+
+    run = launch(probe, source, example, strategy=strategy, world_size=world_size,
+                 timeout=timeout, grace=2.0, label=f"doctor {strategy}")
+    values = [r.value for r in run.ranks if r.status == "ok" and r.value]
+    if not values:
+        first = run.root_cause.error if run.root_cause and run.root_cause.error else None
+        why = f"{first.type}: {first.message}" if first else run.describe_failure()
+        return run, [Finding("error", "sharded-run-failed", "12",
+                             f"the module could not be checked under {strategy}",
+                             [brief(why)], fix="see the message: the rank failed before the "
+                             "checks could run")]
+    return run, findings(values[0], strategy)
+
+
+FIX_TIE = ("keep the tie inside one unit (a child module that owns the weight and both uses "
+           "of it), or shard the modules that share it as one unit: fully_shard([a, b])")
+
+
+def findings(v: dict, strategy: str) -> list[Finding]:
+    out = []
+    error = [f"{'PyTorch' if strategy == 'fsdp2' else 'DeepSpeed'} said: {brief(v['error'])}"] \
+        if v["error"] else []
+    if v["shared"] and strategy == "fsdp2":
+        out.append(Finding("error", "weight-shared-across-units", "12",
+                           "a parameter is registered in two FSDP2 units",
+                           [f"{name}: units {', '.join(u)}" for name, u in v["shared"]] + error,
+                           fix=FIX_TIE))
+    if v["reads"]:
+        severity = "error" if strategy == "fsdp2" else "info"
+        out.append(Finding(severity, "read-outside-its-unit", "12",
+                           "parameters read outside their own unit's forward",
+                           [f"{p} (unit {o}) read in the forward of {r}" for p, o, r in v["reads"]]
+                           + (error if severity == "error" else
+                              ["ZeRO-3 gathers it as an external parameter of the reader"]),
+                           fix=FIX_TIE + "; in a training loop, read weight.full_tensor() "
+                               "(FSDP2) or inside deepspeed.zero.GatheredParameters (ZeRO-3)"))
+    if v["mixed"]:
+        out.append(Finding("warning", "mixed-requires-grad", "12",
+                           "frozen and trainable parameters share a unit",
+                           [f"unit {u}" for u in v["mixed"]],
+                           fix="FSDP2 accepts it but all-gathers the frozen parameters with the "
+                               "trainable ones every step; give the frozen part its own unit"))
+    if v["error"] and not out:
+        out.append(Finding("error", "sharded-run-failed", "12",
+                           f"forward/backward fails with the module sharded ({strategy})", error))
+    return out
