@@ -36,6 +36,11 @@ def test_torch_is_pinned_to_one_release_everywhere():
         assert re.search(r"^\s*(- )?torch==\d+\.\d+\.\d+\s*$", (ROOT / path).read_text(), re.M), path
 
 
+def test_deepspeed_is_pinned_to_the_tested_release_everywhere():
+    for path in ("requirements.txt", "binder/requirements.txt", "environment.yml"):
+        assert re.search(r"^\s*(- )?deepspeed==0\.19\.8\s*$", (ROOT / path).read_text(), re.M), path
+
+
 def test_package_dependencies_are_in_the_environment():
     import tomllib
 
