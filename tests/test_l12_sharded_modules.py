@@ -1,0 +1,76 @@
+"""Lesson 12 beyond the registry's declarations: which rank saw what, the shard arithmetic
+behind the silent errors, the registered tie's refusal, the memory against the formula, the
+figure. Runs are shared through conftest's `runs` fixture."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from ddp_lab.lessons import l12_sharded_modules as l12
+
+LESSON = l12.LESSON
+
+
+def test_tie_across_units_fails_on_every_rank_in_the_tied_projection(runs):
+    broken = runs("tied_across_units", "broken")
+    for r in broken.ranks:
+        assert r.error.message.startswith("aten.mm.default got mixed torch.Tensor and DTensor")
+        assert "F.linear(h, self.emb.weight)" in r.error.traceback
+    losses = runs("tied_across_units", "fixed").values[0]["losses"]
+    assert losses[1] < losses[0]
+
+
+def test_registered_tie_is_refused_by_fully_shard_with_its_advice():
+    result = LESSON.scenario("tied_across_units").broken.with_kwargs(
+        model_cls=l12.RegisteredTie).run()
+    assert result.root_cause.error.type == "ValueError"
+    assert "use fully_shard([module_a, module_b])" in result.root_cause.error.message
+
+
+def test_the_logged_norm_is_each_ranks_shard(runs):
+    """Silent: each rank logs its own shard's norm, and the two compose to the truth."""
+    values = runs("read_outside_forward", "broken").values
+    assert values[0]["logged"] != values[1]["logged"]
+    for step, truth in enumerate(values[0]["truth"]):
+        composed = math.hypot(values[0]["logged"][step], values[1]["logged"][step])
+        assert composed == pytest.approx(truth, rel=1e-4)
+    assert values[0]["what_was_read"] == "DTensor of shape (4, 64), local shard (2, 64)"
+
+
+def test_full_state_dict_reaches_rank0_only(runs):
+    broken = runs("sharded_state_dict", "broken")
+    assert broken.root_cause.error.first_line == "Error(s) in loading state_dict for Sequential:"
+    fixed = runs("sharded_state_dict", "fixed").values
+    assert [v["keys"] for v in fixed] == [6, 0]
+    assert fixed[0]["value_types"] == ["Tensor"]
+
+
+def test_zero3_parameters_are_empty_outside_forward(runs):
+    broken = runs("zero3_penalty", "broken").values
+    fixed = runs("zero3_penalty", "fixed").values
+    for v in broken:
+        assert v["penalty"] == [0.0, 0.0, 0.0] and v["shapes_seen"] == [[0]]
+        assert min(v["truth"]) > 1
+    assert fixed[0]["penalty"] == fixed[0]["truth"]
+
+
+def test_memory_per_rank_against_the_formula(runs):
+    values = runs("memory_per_rank", "fixed").values
+    psi = values[0]["psi"]
+    for v in values:
+        assert v["bytes"]["ddp"] == {"params": 4 * psi, "grads": 4 * psi,
+                                     "optim": 8 * psi + 6 * 4}  # + one step counter per tensor
+        for part, want in l12.formula_bytes(3, psi, 2).items():
+            assert v["bytes"]["fsdp2"][part] == pytest.approx(want, abs=64)
+    zero1 = [v["bytes"]["zero1"]["optim"] for v in values]
+    assert sum(zero1) == pytest.approx(8 * psi, abs=64)  # split, but by whole parameters:
+    assert max(zero1) > 1.5 * l12.formula_bytes(1, psi, 2)["optim"]  # not evenly
+
+
+def test_memory_figure_has_labelled_axes(runs):
+    fig = l12.figures({"memory_per_rank": {"fixed": runs("memory_per_rank", "fixed")}})[
+        "memory_per_rank"]
+    ax = fig.axes[0]
+    assert "KiB" in ax.get_ylabel() and ax.get_xlabel()
+    assert [t.get_text() for t in ax.get_xticklabels()][:3] == ["rank 0", "rank 1", "formula"]
