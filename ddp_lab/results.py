@@ -12,30 +12,17 @@ import signal
 from dataclasses import dataclass, field
 from typing import Any
 
+from ._sanitize import sanitize  # noqa: F401  (re-exported: ddp_lab.results.sanitize)
+from .display import run_result_html
+
 STATUSES = ("ok", "error", "timeout", "crashed")
 SIMULTANEOUS = 0.1  # seconds: failures closer than this are not ordered by time
 _SEVERITY = {"ok": 0, "error": 1, "timeout": 2, "crashed": 3}
 
-_ADDRESS = re.compile(r"\[?(?:\d{1,3}\.){3}\d{1,3}\]?:\d+|\[?localhost\]?:\d+")
-_HEX = re.compile(r"0x[0-9a-fA-F]{6,}")
-_PATH = re.compile(r"(?:/[^\s\"',:()\[\]]+)+/((?:torch|ddp_lab|third_party)/[^\s\"',:()\[\]]*)")
 # Errors a rank raises because a peer died or stopped, not because of its own bug.
 _COLLATERAL = re.compile(r"Connection closed by peer|Connection reset by peer|Broken pipe|"
                          r"ECONNRESET|EPIPE|communicator was aborted|Socket Timeout|"
                          r"failed to recv|failed to send|Timed out waiting", re.I)
-_PID = re.compile(r"\b(pid|PID|process)[ =:]+\d+")
-_CPP_LOG = re.compile(r"\b[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+(?: +\d+)?")  # glog: I1202 13:01:02.123 4567
-_CLOCK = re.compile(r"\b\d\d:\d\d:\d\d(?:\.\d+)?\b")
-
-
-def sanitize(text: str) -> str:
-    """Remove what varies between runs: addresses and ports, memory addresses, machine paths."""
-    text = _ADDRESS.sub("<addr>", text)
-    text = _HEX.sub("0x…", text)
-    text = _PATH.sub(lambda m: m.group(1), text)
-    text = _CPP_LOG.sub(lambda m: m.group(0)[0] + "<time>", text)
-    text = _CLOCK.sub("<time>", text)
-    return _PID.sub(lambda m: f"{m.group(1)} <pid>", text)
 
 
 def peer_gone(message: str) -> bool:
@@ -288,6 +275,4 @@ class RunResult:
         return "\n".join(rows)
 
     def _repr_html_(self) -> str:
-        from .display import run_result_html
-
         return run_result_html(self)
