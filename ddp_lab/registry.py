@@ -143,12 +143,9 @@ class Variant:
 
     def run(self, *, world_size: int | None = None, timeout: float | None = None,
             label: str = "", **kwargs) -> RunResult:
-        from ._procs import prewarm
         from .launcher import launch
 
-        # A declared outcome must not depend on how warm the fork server is: a 3 s deliberate
-        # hang would otherwise catch a cold rank still importing torch._dynamo.
-        prewarm(wait=True)
+        # No warm server needed: each rank's timeout counts from when that rank is ready.
         return launch(self.fn, world_size=world_size or self.world_size,
                       timeout=timeout or self.timeout, env=dict(self.env),
                       init_process_group=self.init_process_group, grace=self.grace,
