@@ -85,6 +85,7 @@ def _error_record(exc: BaseException) -> dict:
     while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
         tb = tb.tb_next  # the traceback starts at the user's function, not in this file
     return {
+        "kind": "error",
         "type": type(exc).__name__,
         "message": str(exc),
         "traceback": "".join(traceback.format_exception(type(exc), exc, tb)),
@@ -136,7 +137,7 @@ def _run(spec: dict) -> dict:
             f"the function returned a {type(value).__name__} that cannot be pickled "
             f"back to the launcher ({exc}); return plain data instead"
         ) from exc
-    return {"value": blob}
+    return {"kind": "value", "value": blob}
 
 
 def child_main(spec_path: str) -> None:

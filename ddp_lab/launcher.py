@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 from . import _procs
 from .rankinfo import in_torchrun
-from .results import ErrorInfo, RankResult, RunResult
+from .results import CRASHED, ERROR, OK, TIMEOUT, ErrorInfo, RankResult, RunResult
 
 BACKENDS = ("auto", "gloo", "nccl")
 START_METHODS = ("auto", "forkserver", "spawn")
@@ -247,7 +247,7 @@ def _watch(ranks: list[_Rank], timeout: float, grace: float) -> None:
         deadline = max(rk.deadline(timeout) for rk in running)
         if now >= deadline:
             late = [rk.rank for rk in running if rk.ready_at is None]
-            return _stop(running, "timeout" if not late else
+            return _stop(running, TIMEOUT if not late else
                          f"timeout: rank(s) {', '.join(map(str, late))} not ready "
                          f"{STARTUP_LIMIT:g} s after starting (imports, process-group set-up)")
         if first_failure is not None and now >= first_failure.ended_at + grace:
@@ -305,7 +305,7 @@ def _collect(ranks, backend, timeout, seconds, label, start) -> RunResult:
 def _rank_result(rk: _Rank, start: float) -> RankResult:
     import cloudpickle
 
-    res = RankResult(rank=rk.rank, status="ok", stdout=_read(rk.paths["stdout"]),
+    res = RankResult(rank=rk.rank, status=OK, stdout=_read(rk.paths["stdout"]),
                      stderr=_read(rk.paths["stderr"]), stack=_read(rk.paths["stack"]),
                      exitcode=rk.exitcode, seconds=(rk.ended_at or time.time()) - start,
                      note=rk.stopped)
@@ -313,21 +313,21 @@ def _rank_result(rk: _Rank, start: float) -> RankResult:
     if os.path.exists(rk.paths["result"]):
         with open(rk.paths["result"], "rb") as f:
             record = pickle.load(f)
-    if record and "type" in record:
-        res.status = "error"
+    if record and record["kind"] == "error":
+        res.status = ERROR
         res.error = ErrorInfo(record["type"], record["message"], record["traceback"])
         res.failed_at = record["failed_at"]
     elif record and rk.exitcode == 0:
         try:
             res.value = cloudpickle.loads(record["value"])
         except Exception as exc:
-            res.status, res.failed_at = "error", rk.ended_at
+            res.status, res.failed_at = ERROR, rk.ended_at
             res.error = ErrorInfo(type(exc).__name__, f"the rank's return value could not be "
                                   f"unpickled in the launcher: {exc}")
     elif rk.stopped:
-        res.status, res.failed_at = "timeout", rk.ended_at
+        res.status, res.failed_at = TIMEOUT, rk.ended_at
     else:
-        res.status, res.failed_at = "crashed", rk.ended_at
+        res.status, res.failed_at = CRASHED, rk.ended_at
     if rk.stopped and not res.stack:
         res.stack = "(the rank wrote no stack before it was killed)"
     return res

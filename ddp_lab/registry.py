@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping
 
-from .results import RunResult
+from .results import STATUSES, RunResult
 
 VARIANTS = ("broken", "fixed")
 
@@ -40,6 +40,10 @@ class Expect:
     below: float | None = None
     metric_rank: int | None = 0
     extra: Callable[[RunResult], list[str]] | None = None
+
+    def __post_init__(self):
+        if self.status not in STATUSES:
+            raise ValueError(f"unknown status {self.status!r}: use one of {', '.join(STATUSES)}")
 
     def differences(self, result: RunResult) -> list[str]:
         """What differs between `result` and this declaration; empty when it is as declared."""

@@ -17,7 +17,7 @@ import traceback
 from datetime import timedelta
 
 from .rankinfo import rank_info
-from .results import ErrorInfo, RankResult, RunResult
+from .results import ERROR, OK, ErrorInfo, RankResult, RunResult
 
 
 QUIESCE = 0.05  # seconds: the GIL released, so gloo's worker threads can drop finished work
@@ -42,7 +42,7 @@ def run_here(fn, args, kwargs, *, backend, timeout, init_process_group, label=""
 
     info = rank_info()
     start = time.time()
-    res = RankResult(rank=info.rank, status="ok")
+    res = RankResult(rank=info.rank, status=OK)
     try:
         if init_process_group and not dist.is_initialized():
             if backend == "nccl":
@@ -50,7 +50,7 @@ def run_here(fn, args, kwargs, *, backend, timeout, init_process_group, label=""
             dist.init_process_group(backend, timeout=timedelta(seconds=timeout))
         res.value = fn(*args, **kwargs)
     except Exception as exc:  # reported as this rank's error, as a launched rank would be
-        res.status, res.failed_at = "error", time.time()
+        res.status, res.failed_at = ERROR, time.time()
         res.error = ErrorInfo(type(exc).__name__, str(exc), traceback.format_exc())
     finally:
         if init_process_group and dist.is_initialized():
