@@ -36,6 +36,8 @@ def finding_text(f, traces: bool = False) -> list[str]:
 
 def report_text(report, traces: bool = False) -> str:
     lines = [report.summary()]
+    for note in report.notes:
+        lines += _wrap(note, "  ", "    ")
     for f in report.findings:
         lines += [""] + finding_text(f, traces)
     return "\n".join(lines)
