@@ -40,7 +40,7 @@ def doctor(model, example_input, *, world_size: int = 2, steps: int = 3,
     raises, an input that does not fit, no parameters, bad settings; DoctorBug (exit status 3)
     when the doctor's own code fails on a rank.
     """
-    from . import inputs, shapes, static
+    from . import frames, inputs, shapes, static
 
     start = time.time()
     _check_args(world_size, steps, timeout)
@@ -54,11 +54,12 @@ def doctor(model, example_input, *, world_size: int = 2, steps: int = 3,
     loss = inputs.Loss(loss_fn)
     out = inputs.check_fit(instance, inputs.batch_for(example_input, 0), source.name, amp, loss_fn)
     plan = shapes.plan(instance, example_input, amp) if world_size > 1 else None
+    where = frames.code_map(instance)
     del instance
     notes = [loss.describe(out), shapes.describe(example_input, plan, world_size),
              _settings_note(settings), _not_exercised(steps, amp)]
     run, dynamic = _run_ranks(source, example_input, world_size, steps, loss, amp, timeout,
-                              settings, plan)
+                              settings, plan, where)
     return Report(source.name, world_size, steps, amp, findings + dynamic, status=run.status,
                   seconds=time.time() - start, run=run, ddp_kwargs=settings, notes=notes)
 
@@ -98,7 +99,7 @@ def _check_trainable(instance, name: str, findings: list[Finding]) -> None:
                            "for DDP to synchronise (DDP refuses such a module)")
 
 
-def _run_ranks(source, example, world_size, steps, loss, amp, timeout, settings, plan):
+def _run_ranks(source, example, world_size, steps, loss, amp, timeout, settings, plan, where):
     from ..launcher import launch
     from .analyze import dry_findings
     from .dynamic import probe
@@ -116,7 +117,7 @@ def _run_ranks(source, example, world_size, steps, loss, amp, timeout, settings,
     unused = set().union(*[set((r.get("dry") or {}).get("unused", [])) for r in recs])
     mechanisms, explained = mechanism_findings(recs, steps)
     findings = dry_findings(recs, amp, settings) + mechanisms
-    findings = _merge_failure(findings, failure_findings(run, recs, amp))
+    findings = _merge_failure(findings, failure_findings(run, recs, amp, where))
     if recs and recs[0]:
         findings += (measure_findings(recs[0], steps, unused, explained)
                      + step_collective_findings(recs))

@@ -8,6 +8,7 @@ import sysconfig
 
 from ..results import main_thread_frames, sanitize
 from .classify import classify
+from .frames import tidy
 from .report import Finding
 from .trace import _SKIP, short_file
 
@@ -29,17 +30,20 @@ def phase_of(rec: dict) -> str:
     return where
 
 
-def failure_findings(result, recs: list[dict], amp: str | None) -> list[Finding]:
+def failure_findings(result, recs: list[dict], amp: str | None,
+                     where: dict | None = None) -> list[Finding]:
+    """`where`: frames.code_map of the user's module, to name code shipped by value."""
     if result.ok:
         return []
-    if result.status == "error":
-        return [_exception(result, recs, amp)]
-    if result.status == "timeout" and not any(r.status in ("error", "crashed") for r in result.ranks):
-        return [_hang(result, recs)]
-    root = result.root_cause
-    if root.status == "error":
-        return [_exception(result, recs, amp)]
-    return [_crash(result, recs)]
+    if result.status == "error" or result.root_cause.status == "error":
+        found = _exception(result, recs, amp)
+    elif result.status == "timeout" and not any(r.status in ("error", "crashed")
+                                                for r in result.ranks):
+        found = _hang(result, recs)
+    else:
+        found = _crash(result, recs)
+    found.trace = tidy(found.trace, where)
+    return [found]
 
 
 class DoctorBug(RuntimeError):
@@ -153,7 +157,9 @@ def _main_thread(stack: str) -> str:
 
 def _crash(result, recs) -> Finding:
     root = result.root_cause
-    tail = "\n".join(sanitize(root.stderr).strip().splitlines()[-15:])
+    lines = [ln for ln in sanitize(root.stderr).strip().splitlines()
+             if not ln.startswith("Extension modules:")]
+    tail = "\n".join(lines[-15:])
     ev = [f"rank {root.rank} {root.headline} {phase_of(recs[root.rank])}"]
     ev += [f"then rank {r.rank}: {brief(r.headline)}" for r in result.failures[1:]]
     lesson, code, fix = classify(tail)
