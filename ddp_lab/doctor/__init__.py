@@ -17,6 +17,7 @@ from typing import Callable
 from .failures import DoctorBug
 from .inputs import DoctorInputError
 from .report import LESSONS, Finding, Report
+from .settings import check_ddp_kwargs, not_exercised, settings_note
 
 __all__ = ["doctor", "Report", "Finding", "DoctorInputError", "DoctorBug", "LESSONS"]
 GRACE = 2.0  # seconds the other ranks get after one fails before their stacks are taken
@@ -46,7 +47,7 @@ def doctor(model, example_input, *, world_size: int = 2, steps: int = 3,
     _check_args(world_size, steps, timeout)
     inputs.check_amp(amp)
     inputs.check_loss(loss_fn)
-    settings = inputs.check_ddp_kwargs(ddp_kwargs)
+    settings = check_ddp_kwargs(ddp_kwargs)
     source = inputs.resolve_model(model)
     instance = inputs.first_instance(source)
     findings = static.check(instance)
@@ -57,26 +58,11 @@ def doctor(model, example_input, *, world_size: int = 2, steps: int = 3,
     where = frames.code_map(instance)
     del instance
     notes = [loss.describe(out), shapes.describe(example_input, plan, world_size),
-             _settings_note(settings), _not_exercised(steps, amp)]
+             settings_note(settings), not_exercised(steps, amp)]
     run, dynamic = _run_ranks(source, example_input, world_size, steps, loss, amp, timeout,
                               settings, plan, where)
     return Report(source.name, world_size, steps, amp, findings + dynamic, status=run.status,
                   seconds=time.time() - start, run=run, ddp_kwargs=settings, notes=notes)
-
-
-def _settings_note(settings: dict) -> str:
-    if settings:
-        return f"DDP: judged under your settings {', '.join(f'{k}={v!r}' for k, v in settings.items())}"
-    return ("DDP: judged under the defaults (find_unused_parameters=False, static_graph=False); "
-            "give yours with ddp_kwargs (--ddp)")
-
-
-def _not_exercised(steps: int, amp: str | None) -> str:
-    parts = [f"anything after step {steps} (freezing, schedules, warm-up: raise steps, --steps)",
-             "evaluation mode (except for collectives)", "gradient accumulation (no_sync)",
-             "saving and loading", "NCCL and GPUs (the ranks ran on the CPU with gloo)"]
-    parts += [] if amp else ["autocast (amp, --amp)"]
-    return "not exercised: " + "; ".join(parts)
 
 
 def _check_args(world_size, steps, timeout) -> None:

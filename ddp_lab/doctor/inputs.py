@@ -226,38 +226,6 @@ def check_loss(loss_fn) -> None:
                                f"got {type(loss_fn).__name__}")
 
 
-# ---- the user's DDP settings -----------------------------------------------------------------
-
-RESERVED_DDP = ("module", "device_ids", "output_device", "process_group", "device_mesh")
-
-
-def check_ddp_kwargs(ddp_kwargs) -> dict:
-    """The user's DistributedDataParallel keyword arguments, checked against DDP's signature
-    (the doctor sets the module, devices and process group itself)."""
-    from torch.nn.parallel import DistributedDataParallel
-
-    if ddp_kwargs is None:
-        return {}
-    if not isinstance(ddp_kwargs, dict):
-        raise DoctorInputError(f"ddp_kwargs must be a dict, got {type(ddp_kwargs).__name__}")
-    params = inspect.signature(DistributedDataParallel.__init__).parameters
-    for key, value in ddp_kwargs.items():
-        if key in RESERVED_DDP:
-            raise DoctorInputError(f"ddp_kwargs: {key} is set by the doctor (one device and "
-                                   "process group per rank); leave it out")
-        if key not in params or key == "self":
-            known = ", ".join(k for k in params if k not in ("self",) + RESERVED_DDP)
-            raise DoctorInputError(f"ddp_kwargs: DistributedDataParallel has no argument "
-                                   f"{key!r}; it takes: {known}")
-        if isinstance(params[key].default, bool) and not isinstance(value, bool):
-            raise DoctorInputError(f"ddp_kwargs: {key} must be True or False, got {value!r}")
-    return dict(ddp_kwargs)
-
-
-def describe_ddp(ddp_kwargs: dict) -> str:
-    return ", ".join(f"{k}={v!r}" for k, v in ddp_kwargs.items())
-
-
 # ---- checking that the input fits, before any rank starts --------------------------------------
 
 def is_fit_error(exc: BaseException, batch) -> bool:
