@@ -12,10 +12,35 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 
+# ---- comparing ranks -------------------------------------------------------------------------
+# `named_drift` compares many tensors in one broadcast and one all-reduce; `tensor_drift` and
+# `module_drift` are its one-tensor and whole-module forms; `gather` is all_gather_object. The
+# doctor passes a process group of its own; lessons use the world's.
 def tensor_drift(t, group=None) -> float:
     """max |t_this_rank - t_rank0| over every element, the same on every rank (a collective)."""
     value = named_drift({"t": t}, group)["t"]
     return float("inf") if value is None else value
+
+
+def module_drift(module) -> float:
+    """The largest drift of any parameter or buffer of `module` between ranks (a collective)."""
+    values = named_drift({**dict(module.named_parameters()), **dict(module.named_buffers())})
+    return max((float("inf") if v is None else v for v in values.values()), default=0.0)
+
+
+def gather(obj, group=None) -> list:
+    """Every rank's `obj`, in rank order, on every rank (a collective).
+
+    `obj` is pickled (names, shapes, small dicts); `group` is a process group, the world by
+    default. The doctor passes a gloo group of its own, so that a module whose collectives are
+    out of step with the other ranks cannot pair them with its comparisons. Tensors inside
+    `obj` travel through pickle too: send small ones only, and compare big ones with
+    `named_drift`."""
+    import torch.distributed as dist
+
+    out = [None] * dist.get_world_size(group)
+    dist.all_gather_object(out, obj, group=group)
+    return out
 
 
 def named_drift(tensors: dict, group=None) -> dict[str, float | None]:
@@ -46,21 +71,6 @@ def named_drift(tensors: dict, group=None) -> dict[str, float | None]:
     dist.all_reduce(vec, op=dist.ReduceOp.MAX, group=group)
     result.update({n: float(v) for n, v in zip(common, vec.tolist())})
     return result
-
-
-def module_drift(module) -> float:
-    """The largest drift of any parameter or buffer of `module` between ranks (a collective)."""
-    values = named_drift({**dict(module.named_parameters()), **dict(module.named_buffers())})
-    return max((float("inf") if v is None else v for v in values.values()), default=0.0)
-
-
-def gather(obj, group=None) -> list:
-    """Every rank's `obj`, in rank order, on every rank (a collective)."""
-    import torch.distributed as dist
-
-    out = [None] * dist.get_world_size(group)
-    dist.all_gather_object(out, obj, group=group)
-    return out
 
 
 def peak_rss_mb() -> float:

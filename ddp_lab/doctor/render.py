@@ -83,5 +83,5 @@ def report_html(report) -> str:
     cols = "".join(f"<th style='{_HEAD}'>{c}</th>"
                    for c in ("severity", "lesson", "finding", "evidence", "fix"))
     rows = "".join(_row(f) for f in report.findings)
-    return (f"{head}<table style='border-collapse:collapse;text-align:left;margin:0'>"
+    return (f"{head}<table style='border-collapse:collapse;text-align:left;margin:0;table-layout:auto'>"
             f"<thead><tr>{cols}</tr></thead><tbody>{rows}</tbody></table>")
