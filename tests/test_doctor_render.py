@@ -63,6 +63,7 @@ def test_stacks_name_the_users_file_and_fold_the_doctors_frames(tmp_path):
     assert f.code == "hang"
     assert 'File "hangs.py", line 14 in forward' in f.trace, f.trace
     assert "dist.all_reduce(y.detach().mean())" in f.trace
+    assert "all_reduce(), called from forward() in hangs.py" in f.evidence[0]
     for own in ("<dynamic-code", "doctor/trace.py", "probes.py", "doctor/sync.py", "dynamic.py"):
         assert own not in f.trace, f.trace
     assert "... (the doctor's own frames)" in f.trace
