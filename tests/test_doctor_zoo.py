@@ -6,7 +6,6 @@ torchvision and transformers do not install beside torch 2.13.0+cpu here, so the
 small faithful re-creations (the same layer types and wiring); the real models run too where
 those packages import (skipped with the reason otherwise). `python tests/test_doctor_zoo.py`
 prints the doctor's wall time per model (the README's table)."""
-import math
 import time
 
 import pytest
