@@ -7,13 +7,15 @@ from __future__ import annotations
 import gc
 
 from .inputs import autocast, batch_for, call, default_loss, floating_tensors, move
+from .randomness import seed_all, watch_global_generators, watch_randomness
 from .regions import changed_state, module_state
 from .sync import drift, emit, gather, new_group
 from .trace import batchnorm_sizes, custom_functions, watch_forward
 from .walk import graph_holders, state_tensors
 
-SEED = 1000  # rank r builds its module after torch.manual_seed(SEED + r): what DDP does not
-# broadcast then differs between ranks from the start, as it does when ranks are seeded apart
+SEED = 1000  # rank r builds its module after seeding torch, Python's random and NumPy with
+# SEED + r: what DDP does not broadcast then differs between ranks from the start, as it does
+# when ranks are seeded apart; and the doctor's own runs repeat from run to run
 
 
 def probe(source, example, steps: int = 3, loss_fn=None, amp=None) -> dict:
@@ -24,8 +26,11 @@ def probe(source, example, steps: int = 3, loss_fn=None, amp=None) -> dict:
     rank, dev = rank_info().rank, device()
     group = new_group()
     emit("phase", "build")
-    torch.manual_seed(SEED + rank)
-    model = source.build().to(dev)
+    seed_all(SEED + rank)  # torch, Python's random, NumPy: as a training script seeds each rank
+    build_generators: list[str] = []
+    with watch_global_generators(build_generators):
+        model = source.build().to(dev)
+    emit("build_generators", build_generators)
     batch = move(batch_for(example, rank), dev)
     lossf = loss_fn or default_loss
     emit("phase", "dry-run")
@@ -71,7 +76,8 @@ def dry_run(model, batch, lossf, amp, dev) -> dict:
     try:
         with watch_forward(record, dev.type), batchnorm_sizes(model, record["batchnorm"]):
             with autocast(amp, dev.type):
-                out = call(model, batch)
+                with watch_randomness(record, model):
+                    out = call(model, batch)
                 loss = lossf(out)
             record["custom_functions"] = custom_functions([loss, *floating_tensors(out)])
             state = module_state(model)

@@ -15,6 +15,7 @@ LESSONS = {
     "05": "gradients and checkpointing", "06": "logging and debugging",
     "07": "data across ranks", "08": "buffers and BatchNorm",
     "09": "saving and loading", "10": "gradient accumulation",
+    "14": "randomness and evaluation",
 }
 
 

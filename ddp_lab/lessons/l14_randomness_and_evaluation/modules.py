@@ -59,7 +59,7 @@ class OwnGeneratorDropout(nn.Module):
     def forward(self, x):
         if not self.training:
             return x
-        keep = torch.rand(x.shape, generator=self.gen) >= self.p
+        keep = torch.rand(x.shape, generator=self.gen, device=self.gen.device) >= self.p
         return x * keep.to(x.device) / (1 - self.p)
 
 

@@ -90,15 +90,16 @@ def train_shuffled(shared_init_seed: bool = True, steps: int = 10) -> dict:
             "divergence": float(max((o - outs[0]).abs().max() for o in outs))}
 
 
-def crop_offsets(seed_workers: bool = True, epochs: int = 2, size: int = 16) -> dict:
+def crop_offsets(seed_workers: bool = True, worker_init_fn=reseed_worker, epochs: int = 2,
+                 size: int = 16) -> dict:
     """Two epochs of a DataLoader (2 workers) over this rank's DistributedSampler shard of
-    RandomCrops. Fixed: worker_init_fn reseeds each worker from the seed PyTorch gives it, drawn
-    from a DataLoader generator seeded by rank. Returns the crop offsets every rank saw, and the
+    RandomCrops. Fixed: `worker_init_fn` reseeds each worker from the seed PyTorch gives it,
+    drawn from a DataLoader generator seeded by rank. Returns the crop offsets every rank saw, and the
     fraction of them that repeat an offset drawn elsewhere (another worker, rank or epoch)."""
     info = rank_info()
     data = RandomCrops(size)
     sampler = DistributedSampler(data, shuffle=True, seed=DATA_SEED)
-    extra = ({"worker_init_fn": reseed_worker,
+    extra = ({"worker_init_fn": worker_init_fn,
               "generator": torch.Generator().manual_seed(DATA_SEED + info.rank)}
              if seed_workers else {})
     loader = DataLoader(data, batch_size=2, sampler=sampler, num_workers=2,
