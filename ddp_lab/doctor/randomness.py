@@ -146,7 +146,9 @@ def _draw_mode(draws: list[dict], inside: list[str]):
                 if name in DROPOUTS and args and isinstance(args[0], torch.Tensor):
                     drawn = (args[0] != 0) & (out == 0)
                 if isinstance(drawn, torch.Tensor):
-                    where = user_frame() or (f"module {inside[-1]!r}" if inside else "forward")
+                    frame = user_frame()
+                    module = f"module {inside[-1]!r}" if inside else "forward"
+                    where = f"{module}, {frame}" if frame else module
                     draws.append({"op": name, "where": where, "fp": fingerprint(drawn)})
             return out
 
