@@ -3,8 +3,7 @@ one seed for every rank's data and dropout, a random choice DDP never sees, Data
 that repeat their augmentations, an accuracy skewed by the sampler's padding, a loss logged from
 rank 0, a loss normalised by each rank's own count.
 
-`modules` holds the modules, `runs_seeds` and `runs_eval` what each rank runs, `figures` the
-pictures."""
+`modules` holds the modules, `runs` what each rank runs, `figures` the pictures."""
 from __future__ import annotations
 
 from functools import partial
@@ -15,9 +14,8 @@ from ...registry import Expect, Lesson, ModuleCase, Scenario, Variant
 from .figures import figures
 from .modules import (DropoutNet, NumpyJitterNet, OwnDropoutNet, RandomCrops, ShuffledNet,
                       reseed_worker)
-from .runs_eval import (EVAL_SIZE, METHODS, correct_on, eval_set, evaluate, log_loss,
-                        normalised_grads, token_batch)
-from .runs_seeds import DATA_SEED, INIT_SEED, crop_offsets, train_dropout, train_shuffled
+from .runs import (DATA_SEED, EVAL_SIZE, INIT_SEED, METHODS, correct_on, crop_offsets, eval_set,
+                   evaluate, log_loss, normalised_grads, token_batch, train_dropout, train_shuffled)
 
 
 def example_input(rank: int):

@@ -31,7 +31,8 @@ def bars(ax, names, values, colours, ylabel: str, title: str) -> None:
     ax.bar(names, values, color=colours)
     top = max(values) or 1.0
     for i, v in enumerate(values):
-        ax.text(i, v + 0.02 * top, "0" if v == 0 else f"{v:.3g}" if v >= 1e-3 else "≈ 0", ha="center", fontsize=8)
+        label = "0" if v == 0 else f"{v:.3g}" if v >= 1e-3 else "≈ 0"
+        ax.text(i, v + 0.02 * top, label, ha="center", fontsize=8)
     ax.set_ylim(0, 1.15 * top)
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=10)
