@@ -1,8 +1,9 @@
 """Lesson 01: parameters that are not registered, parameters that are not used, and what
 DataParallel and DistributedDataParallel each do with them.
 
-The modules are in `modules.py`, the per-rank code in `runs.py`, the walker that finds every
-tensor a module holds (registered or not) in `runs_inventory.py`, importable as `l01.inventory`.
+The modules are in `modules.py`, the per-rank code in `runs.py`. The walker that finds every
+tensor a module holds (registered or not) is `ddp_lab.modwalk`, shared with the doctor; the
+notebook reads it as `inventory`.
 """
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ from dataclasses import replace
 
 import torch
 
+from ... import modwalk as inventory
 from ...registry import Expect, Lesson, ModuleCase, Scenario, Variant
 from . import modules as m
-from . import runs_inventory as inventory
 from .figures import figures
 from .runs import find_unused_cost, train, who_runs_forward
 
