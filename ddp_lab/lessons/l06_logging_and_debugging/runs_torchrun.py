@@ -1,5 +1,6 @@
-"""A worker of lesson 06's torchrun job: `torchrun ... -m
-ddp_lab.lessons.l06_logging_and_debugging.torchrun_worker --vocab-size N`.
+"""Lesson 06 under torchrun. `torchrun_job` runs on a launched rank and starts torchrun's agent;
+the agent starts `nproc` workers, each this module as a script:
+`torchrun ... -m ddp_lab.lessons.l06_logging_and_debugging.runs_torchrun --vocab-size N`.
 
 `@record` (torch.distributed.elastic) writes this worker's exception, with its traceback, to
 the error file torchrun gives it, so torchrun's summary can show what failed where.
@@ -7,13 +8,28 @@ the error file torchrun gives it, so torchrun's summary can show what failed whe
 from __future__ import annotations
 
 import argparse
+import tempfile
 from datetime import timedelta
 
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from ..._rank import _die_with_parent
-from .ranks import train_tokens
+from .runs import VOCAB, train_tokens
+
+WORKER = "ddp_lab.lessons.l06_logging_and_debugging.runs_torchrun"  # this module
+
+
+def torchrun_job(vocab_size: int = len(VOCAB), nproc: int = 2) -> dict:
+    """Run `train_tokens` under torchrun (its elastic agent runs here; it starts `nproc`
+    workers of this module). If a worker fails, torchrun raises ChildFailedError."""
+    from torch.distributed.run import main as torchrun
+
+    with tempfile.TemporaryDirectory(prefix="ddp-lab-torchrun-") as logs:  # its error files
+        torchrun(["--standalone", f"--nproc-per-node={nproc}", "--max-restarts=0",
+                  f"--log-dir={logs}", "-m", WORKER,
+                  f"--vocab-size={vocab_size}"])
+    return {"nproc": nproc}
 
 
 @record
