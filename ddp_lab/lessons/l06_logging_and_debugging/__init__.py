@@ -162,6 +162,8 @@ LESSON = Lesson(
                  summary="a bug of torch 2.13 CPU: a group created under DETAIL segfaults DDP's "
                          "constructor, bug or no bug; set DETAIL after init_process_group (DDP's "
                          "messages, no collective checks), or INFO"),
+        # gloo's: its barrier blocks until every rank calls it, so rank 0's stack shows it. Under
+        # NCCL the call returns once queued; the hang shows at the next sync or the watchdog.
         Scenario("stuck_ranks", "Rank 0 waits at a barrier, rank 1 for a file rank 0 writes after it",
                  broken=Variant(prepare_then_share, Expect("timeout", match="in barrier", ranks=(0,),
                                                            extra=_stack_of(1, "in wait_for_file")),
