@@ -1,4 +1,4 @@
-"""The `ddp-lab` command (also `python -m ddp_lab`): list, run, tour, doctor."""
+"""The `ddp-lab` command (also `python -m ddp_lab`): list, run, tour, doctor, build-ops."""
 from __future__ import annotations
 
 import argparse
@@ -49,6 +49,12 @@ def cmd_tour(args) -> int:
     return 0 if all(r.as_declared for r in rows) else 1
 
 
+def cmd_build_ops(args) -> int:
+    from .deepspeed_ops import main
+
+    return main(timeout=args.timeout)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ddp-lab", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -65,6 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
     tour.add_argument("--lesson", action="append", default=[], help="only this lesson (repeatable)")
     tour.add_argument("--quiet", action="store_true", help="no progress bar")
     tour.set_defaults(func=cmd_tour)
+    ops = sub.add_parser("build-ops", help="build DeepSpeed's C++ op once (lesson 12 needs it)")
+    ops.add_argument("--timeout", type=float, default=1800.0, help="give up after this many s")
+    ops.set_defaults(func=cmd_build_ops)
     try:
         from .doctor.cli import add_parser
     except ImportError:

@@ -91,6 +91,9 @@ def sharded_step(model, units, batch, strategy: str) -> str | None:
                 fully_shard(unit)
             default_loss(call(model, batch)).backward()
         else:
+            if not __import__("torch").cuda.is_available():
+                from ..deepspeed_ops import require_built
+                require_built()
             import deepspeed
             deepspeed.init_distributed(dist_backend="gloo")
             cfg = {"train_micro_batch_size_per_gpu": 1, "zero_allow_untested_optimizer": True,

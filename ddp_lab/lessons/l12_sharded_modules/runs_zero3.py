@@ -19,7 +19,11 @@ CONFIG = {"train_micro_batch_size_per_gpu": 8, "zero_optimization": {"stage": 3}
 
 def zero3_engine(model, stage: int = 3):
     """`deepspeed.initialize` on the launcher's gloo group (DeepSpeed picks its CPU
-    accelerator when there is no GPU)."""
+    accelerator when there is no GPU). On CPU, refuses to start if DeepSpeed's C++ op is not
+    built yet, rather than compile it for minutes inside this rank (`ddp-lab build-ops`)."""
+    if not torch.cuda.is_available():
+        from ...deepspeed_ops import require_built
+        require_built()
     import deepspeed
 
     deepspeed.init_distributed(dist_backend="gloo" if not torch.cuda.is_available() else "nccl")

@@ -1,0 +1,78 @@
+"""DeepSpeed's C++ op is built once, explicitly (`ddp-lab build-ops`), never inside a rank:
+a rank finds it unbuilt or blocked by a dead build's lock and says so at once; a dead build's
+lock is told from a live build's and removed; a missing compiler is named. Every test points
+TORCH_EXTENSIONS_DIR at a temporary folder: the machine's own build is never touched."""
+import os
+import subprocess
+import time
+from dataclasses import replace
+
+import pytest
+
+from ddp_lab import deepspeed_ops as ops
+from ddp_lab.lessons import l12_sharded_modules as l12
+
+
+@pytest.fixture
+def ext_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    folder = tmp_path / ops.NAME
+    folder.mkdir()
+    return folder
+
+
+def _old_lock(folder, age=120):
+    lock = folder / "lock"
+    lock.touch()
+    os.utime(lock, (time.time() - age, time.time() - age))
+    return lock
+
+
+def test_build_dir_honours_torch_extensions_dir(ext_dir):
+    assert ops.build_dir() == ext_dir and not ops.is_built()
+
+
+def test_a_rank_refuses_to_compile_the_op_and_says_what_to_run(ext_dir):
+    """A real ZeRO-3 launch with the op unbuilt: an error naming the command, not a timeout."""
+    variant = l12.LESSON.scenario("zero3_penalty").broken
+    run = replace(variant, env={"TORCH_EXTENSIONS_DIR": str(ext_dir.parent)}).run(timeout=60)
+    err = run.root_cause.error
+    assert run.status == "error" and err.type == "OpBuildError"
+    assert "is not built in" in err.message and "ddp-lab build-ops" in err.message
+    assert not (ext_dir / "lock").exists() and not ops.is_built()
+
+
+def test_a_dead_builds_lock_is_stale_and_named(ext_dir):
+    lock = _old_lock(ext_dir)
+    assert ops.stale_lock() == lock
+    with pytest.raises(ops.OpBuildError, match="a build was killed and left .*lock"):
+        ops.require_built()
+
+
+def test_a_live_build_or_a_fresh_lock_is_not_stale(ext_dir):
+    _old_lock(ext_dir)
+    builder = subprocess.Popen(["sleep", "30"], cwd=ext_dir)  # as ninja runs, in the folder
+    try:
+        assert ops.stale_lock() is None
+    finally:
+        builder.kill()
+        builder.wait()
+    _old_lock(ext_dir, age=0)
+    assert ops.stale_lock() is None
+
+
+def test_ensure_built_removes_a_dead_lock_and_keeps_a_built_op(ext_dir):
+    (ext_dir / f"{ops.NAME}.so").write_bytes(b"")  # built earlier (not loaded here)
+    _old_lock(ext_dir)
+    said = []
+    assert ops.ensure_built(say=said.append) is False
+    assert not (ext_dir / "lock").exists()
+    assert said and "left by a build that is no longer running" in said[0]
+    ops.require_built()  # nothing left to complain about
+
+
+def test_a_missing_compiler_is_named_before_any_build(ext_dir, monkeypatch):
+    monkeypatch.setenv("CXX", "no-such-compiler-here")
+    with pytest.raises(ops.OpBuildError, match=r"C\+\+ compiler .*install gcc/g\+\+"):
+        ops.ensure_built(say=lambda line: None)
+    assert list(ext_dir.iterdir()) == []
