@@ -113,10 +113,27 @@ def _preload(names) -> None:
                 pass  # the user's code that needs it raises the real import error itself
 
 
-def _mark_ready(path: str) -> None:
-    """Tell the launcher this rank is ready: its timeout counts from now."""
-    with open(path, "w") as f:
-        f.write(repr(time.time()))
+_ready_path: str | None = None
+
+
+def _mark_ready(path: str, seconds: float | None = None) -> None:
+    """Tell the launcher this rank is ready: its timeout counts from now. Written anew (a new
+    file, renamed into place), it restarts the clock: see `restart_clock`."""
+    global _ready_path
+    _ready_path = path
+    tmp = f"{path}.{time.monotonic_ns()}"
+    with open(tmp, "w") as f:
+        f.write(repr(time.time()) + ("" if seconds is None else f" {float(seconds)!r}"))
+    os.replace(tmp, path)
+
+
+def restart_clock(seconds: float | None = None) -> bool:
+    """Count this rank's timeout from now (`seconds` from now when given); False when this
+    process is not a launched rank."""
+    if _ready_path is None:
+        return False
+    _mark_ready(_ready_path, seconds)
+    return True
 
 
 def _run(spec: dict) -> dict:

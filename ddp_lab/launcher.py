@@ -39,6 +39,8 @@ class _Rank:
     handle: Any = None
     started_at: float = 0.0
     ready_at: float | None = None  # when the rank said it was about to call the function
+    ready_mark: tuple | None = None  # the ready file's identity; a new one restarts the clock
+    budget: float | None = None  # seconds the rank gave itself with restart_clock(seconds)
     exitcode: int | None = None
     ended_at: float | None = None
     stopped: str = ""  # why the launcher stopped it, if it did
@@ -46,7 +48,7 @@ class _Rank:
     def deadline(self, timeout: float) -> float:
         if self.ready_at is None:
             return self.started_at + STARTUP_LIMIT
-        return self.ready_at + timeout
+        return self.ready_at + (timeout if self.budget is None else self.budget)
 
 
 @dataclass(frozen=True)
@@ -235,8 +237,9 @@ def _watch(ranks: list[_Rank], timeout: float, grace: float) -> None:
     while True:
         now = time.time()
         for rk in ranks:
-            if rk.ready_at is None and os.path.exists(rk.paths["ready"]):
-                rk.ready_at = now
+            mark = _ready_mark(rk.paths["ready"])
+            if mark is not None and mark != rk.ready_mark:  # ready, or rankinfo.restart_clock()
+                rk.ready_at, rk.ready_mark, rk.budget = now, mark, _budget(rk.paths["ready"])
             if rk.exitcode is None and (code := rk.handle.exitcode()) is not None:
                 rk.exitcode, rk.ended_at = code, now
                 if code != 0 and first_failure is None:
@@ -254,6 +257,24 @@ def _watch(ranks: list[_Rank], timeout: float, grace: float) -> None:
             return _stop(running, f"stopped by the launcher {grace:g} s after rank "
                                   f"{first_failure.rank} failed")
         running[0].handle.wait_change(min(0.01, max(0.0, deadline - now)))
+
+
+def _ready_mark(path: str) -> tuple | None:
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return st.st_ino, st.st_mtime_ns
+
+
+def _budget(path: str) -> float | None:
+    """The seconds a rank gave itself when it restarted its clock (None: the launch's)."""
+    try:
+        with open(path) as f:
+            words = f.read().split()
+        return float(words[1]) if len(words) > 1 else None
+    except (OSError, ValueError):
+        return None
 
 
 def _stop(running: list[_Rank], why: str) -> None:

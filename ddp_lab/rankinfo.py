@@ -49,3 +49,14 @@ def device():
 def ddp_kwargs(dev) -> dict:
     """`device_ids` for DDP only when the module is on a GPU; a CPU module must not get any."""
     return {"device_ids": [dev.index]} if dev.type == "cuda" else {}
+
+
+def restart_clock(seconds: float | None = None) -> bool:
+    """In a rank started by `ddp_lab.launch`: count this rank's timeout from now, after a long
+    set-up (e.g. `deepspeed.initialize`), so the set-up's seconds on a loaded machine neither
+    eat a deliberate hang's seconds nor force a long launch timeout; with `seconds`, the rank
+    has that many seconds from now instead of the launch's timeout. False (nothing done) when
+    this process is not a launched rank (e.g. under torchrun)."""
+    from . import _rank
+
+    return _rank.restart_clock(seconds)

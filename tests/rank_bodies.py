@@ -95,3 +95,23 @@ def write_pid_and_hang(folder):
 
 def return_an_exception():
     return KeyError("type")
+
+
+def set_up_then_sleep(setup=2.0, then=1.5):
+    """A long set-up, the clock restarted, then less than the timeout: ok only because the
+    set-up's seconds no longer count."""
+    from ddp_lab.rankinfo import restart_clock
+
+    time.sleep(setup)
+    restarted = restart_clock()
+    time.sleep(then)
+    return restarted
+
+
+def set_up_then_hang(setup=2.0, budget=1.0):
+    """A set-up longer than the hang's budget, then a hang: stopped `budget` s after it."""
+    from ddp_lab.rankinfo import restart_clock
+
+    time.sleep(setup)
+    restart_clock(budget)
+    time.sleep(60)

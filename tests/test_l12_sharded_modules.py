@@ -12,6 +12,16 @@ from ddp_lab.lessons import l12_sharded_modules as l12
 LESSON = l12.LESSON
 
 
+@pytest.fixture(autouse=True, scope="module")
+def deepspeed_ready():
+    """DeepSpeed's C++ op built (a no-op when it is: `ddp-lab build-ops` ran in .ci/run) and
+    DeepSpeed imported once in the fork server, so each ZeRO-3 rank starts in about a second."""
+    from ddp_lab.deepspeed_ops import ensure_built
+
+    ensure_built()
+    l12.prewarm_deepspeed()
+
+
 def test_tie_across_units_fails_on_every_rank_in_the_tied_projection(runs):
     broken = runs("tied_across_units", "broken")
     for r in broken.ranks:
@@ -74,3 +84,33 @@ def test_memory_figure_has_labelled_axes(runs):
     ax = fig.axes[0]
     assert "KiB" in ax.get_ylabel() and ax.get_xlabel()
     assert [t.get_text() for t in ax.get_xticklabels()][:3] == ["rank 0", "rank 1", "formula"]
+
+
+def test_a_frozen_part_left_to_the_optimizer_is_still_reduced(runs):
+    """Measured, not assumed: FSDP2 accepts frozen and trainable parameters in one unit,
+    gathers the frozen weight (forward and backward) and never reduce-scatters it."""
+    broken = runs("frozen_part_in_unit", "broken").values
+    fixed = runs("frozen_part_in_unit", "fixed").values
+    for b, f in zip(broken, fixed):
+        assert b["base_moved"] == f["base_moved"] == 0.0  # frozen either way
+        assert b["gathered_per_step"] == f["gathered_per_step"]  # same all-gathers
+        assert f["reduced_per_step"] == f["adapter_shard_bytes"]  # only the adapter reduced
+        assert b["frozen_grad_held"] > 0 and f["frozen_grad_held"] is None
+
+
+def test_bfloat16_policy_leaves_the_blocks_constants_in_float32(runs):
+    broken = runs("mixed_precision_constants", "broken")
+    for r in broken.ranks:
+        assert "h * self.scale + self.shift" in r.error.traceback
+    dtypes = runs("mixed_precision_constants", "fixed").values[0]["dtypes"]
+    assert dtypes == {"lin output": "bfloat16", "out input": "bfloat16",
+                      "scale (buffer)": "float32", "shift (plain tensor)": "float32",
+                      "output": "bfloat16"}
+
+
+def test_uneven_forwards_hang_in_deepspeeds_fetch_and_agreeing_fixes_it(runs):
+    broken = runs("zero3_uneven_forwards", "broken")
+    assert [r.status for r in broken.ranks] == ["timeout", "timeout"]
+    assert broken.ranks[1].stuck_in() == "all_reduce()"  # rank 1 is done and waits for a metric
+    fixed = runs("zero3_uneven_forwards", "fixed").values
+    assert [(v["wanted"], v["forwards"]) for v in fixed] == [(3, 3), (2, 3)]

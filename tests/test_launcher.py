@@ -219,3 +219,15 @@ def test_ranks_and_server_exit_by_themselves_when_the_caller_dies(tmp_path):
     while any(alive(p) for p in pids) and time.time() < deadline:
         time.sleep(0.1)
     assert not any(alive(p) for p in pids)
+
+
+def test_restart_clock_counts_the_timeout_from_after_a_long_set_up():
+    result = launch(body.set_up_then_sleep, world_size=2, timeout=2.5)
+    assert result.status == "ok" and [r.value for r in result.ranks] == [True, True]
+
+
+def test_restart_clock_with_seconds_bounds_what_follows_the_set_up():
+    start = time.time()
+    result = launch(body.set_up_then_hang, world_size=2, timeout=30)
+    assert result.status == "timeout" and "set_up_then_hang" in result.ranks[0].stack
+    assert time.time() - start < 15  # set-up 2 s + budget 1 s, not the launch's 30 s

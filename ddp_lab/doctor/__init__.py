@@ -67,7 +67,7 @@ def doctor(model, example_input, *, world_size: int = 2, steps: int = 3,
                               settings, plan, where)
     if strategy != "ddp":
         from .sharded import check
-        dynamic += check(source, example_input, strategy, world_size, timeout)[1]
+        dynamic += check(source, example_input, strategy, world_size, timeout, amp)[1]
     return Report(source.name, world_size, steps, amp, findings + dynamic, status=run.status,
                   seconds=time.time() - start, run=run, ddp_kwargs=settings, notes=notes)
 

@@ -80,15 +80,19 @@ def mixed_grad_units(model, units, own: dict) -> list[str]:
     return mixed
 
 
-def sharded_step(model, units, batch, strategy: str) -> str | None:
-    """One forward and backward with the module really sharded; the exception's first line."""
+def sharded_step(model, units, batch, strategy: str, amp: str | None = None) -> str | None:
+    """One forward and backward with the module really sharded; the exception's first line.
+    Under FSDP2, `amp` ("bf16"/"fp16") is FSDP2's MixedPrecisionPolicy(param_dtype=...)."""
     from .inputs import call, default_loss
 
     try:
         if strategy == "fsdp2":
-            from torch.distributed.fsdp import fully_shard
+            import torch
+            from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+            dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(amp)
+            policy = MixedPrecisionPolicy(param_dtype=dtype)
             for unit in units:
-                fully_shard(unit)
+                fully_shard(unit, mp_policy=policy)
             default_loss(call(model, batch)).backward()
         else:
             if not __import__("torch").cuda.is_available():
@@ -106,7 +110,7 @@ def sharded_step(model, units, batch, strategy: str) -> str | None:
     return None
 
 
-def probe(source, example, strategy: str) -> dict:
+def probe(source, example, strategy: str, amp: str | None = None) -> dict:
     """What one rank sees: ties across units, reads outside a unit's forward, mixed
     requires_grad, and the sharded run's own error."""
     import torch
@@ -124,14 +128,15 @@ def probe(source, example, strategy: str) -> dict:
     return {"shared": sorted((pnames[k], v) for k, v in own.items() if len(v) > 1),
             "reads": watched_reads(model, units, batch, own),
             "mixed": mixed_grad_units(model, units, own),
-            "error": sharded_step(model, units, batch, strategy)}
+            "error": sharded_step(model, units, batch, strategy, amp)}
 
 
-def check(source, example, strategy: str, world_size: int, timeout: float):
+def check(source, example, strategy: str, world_size: int, timeout: float,
+          amp: str | None = None):
     """Launch `probe` on `world_size` ranks; (RunResult, findings of lesson 12)."""
     from ..launcher import launch
 
-    run = launch(probe, source, example, strategy=strategy, world_size=world_size,
+    run = launch(probe, source, example, strategy=strategy, amp=amp, world_size=world_size,
                  timeout=timeout, grace=2.0, label=f"doctor {strategy}")
     values = [r.value for r in run.ranks if r.status == "ok" and r.value]
     if not values:
@@ -146,6 +151,11 @@ def check(source, example, strategy: str, world_size: int, timeout: float):
 
 FIX_TIE = ("keep the tie inside one unit (a child module that owns the weight and both uses "
            "of it), or shard the modules that share it as one unit: fully_shard([a, b])")
+
+
+FIX_DTYPE = ("FSDP2's MixedPrecisionPolicy casts parameters only: buffers and tensors the "
+             "module keeps stay float32 and turn activations back to float32; compute with them "
+             "in float32 and cast the result to the activation's dtype (h.dtype)")
 
 
 def findings(v: dict, strategy: str) -> list[Finding]:
@@ -166,13 +176,17 @@ def findings(v: dict, strategy: str) -> list[Finding]:
                               ["ZeRO-3 gathers it as an external parameter of the reader"]),
                            fix=FIX_TIE + "; in a training loop, read weight.full_tensor() "
                                "(FSDP2) or inside deepspeed.zero.GatheredParameters (ZeRO-3)"))
-    if v["mixed"]:
-        out.append(Finding("warning", "mixed-requires-grad", "12",
+    if v["mixed"]:  # measured in lesson 12 (frozen_part_in_unit): nothing to fix under FSDP2
+        out.append(Finding("info", "mixed-requires-grad", "12",
                            "frozen and trainable parameters share a unit",
-                           [f"unit {u}" for u in v["mixed"]],
-                           fix="FSDP2 accepts it but all-gathers the frozen parameters with the "
-                               "trainable ones every step; give the frozen part its own unit"))
+                           [f"unit {u}" for u in v["mixed"]] +
+                           ["FSDP2 accepts it: it all-gathers the frozen parameters for forward "
+                            "and backward and never reduce-scatters them (lesson 12 measures it)"],
+                           fix="nothing to change; freeze with requires_grad_(False), not by "
+                               "leaving the parameters out of the optimizer"))
     if v["error"] and not out:
+        dtype = "must have the same dtype" in v["error"]
         out.append(Finding("error", "sharded-run-failed", "12",
-                           f"forward/backward fails with the module sharded ({strategy})", error))
+                           f"forward/backward fails with the module sharded ({strategy})", error,
+                           fix=FIX_DTYPE if dtype else ""))
     return out

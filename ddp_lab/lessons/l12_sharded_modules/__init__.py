@@ -10,22 +10,38 @@ from __future__ import annotations
 
 from ...registry import Expect, Lesson, ModuleCase, Scenario, Variant
 from .figures import draw_memory, figures
-from .modules import (Gated, GatedFixed, RegisteredTie, TiedLM, TiedLMFixed, features, mlp,
+from .modules import (Adapted, Gated, GatedFixed, RegisteredTie, Scaled, ScaledFixed, TiedLM,
+                      TiedLMFixed, adapted, features, mlp, scaled_net, scaled_net_fixed,
                       tokens, units)
-from .runs import (full_state_dict, log_weight_norm, norm_of_full, norm_of_shard,
-                   save_and_reload, shard, state_dict_as_is, train_tied)
+from .runs import (count_collectives, freeze_base, full_state_dict, log_weight_norm,
+                   mixed_precision, norm_of_full, norm_of_shard, save_and_reload, shard,
+                   state_dict_as_is, train_adapted, train_tied)
 from .runs_memory import STAGES, formula_bytes, memory_per_rank, storage_bytes
-from .runs_zero3 import read_as_is, read_gathered, squares, zero3_engine, zero3_penalty
+from .runs_zero3 import (DEEPSPEED_MODULES, agreed_length, generate, own_length, read_as_is,
+                         read_gathered, squares, wanted_length, zero3_engine, zero3_penalty)
 
 __all__ = ["LESSON", "TiedLM", "TiedLMFixed", "RegisteredTie", "Gated", "GatedFixed", "mlp",
            "units", "tokens", "features", "shard", "train_tied", "log_weight_norm",
            "norm_of_shard", "norm_of_full", "save_and_reload", "state_dict_as_is",
            "full_state_dict", "zero3_engine", "zero3_penalty", "squares", "read_as_is",
            "read_gathered", "memory_per_rank", "formula_bytes", "storage_bytes", "STAGES",
-           "figures", "draw_memory"]
+           "figures", "draw_memory", "Adapted", "adapted", "Scaled", "ScaledFixed", "scaled_net",
+           "scaled_net_fixed",
+           "count_collectives", "freeze_base", "train_adapted", "mixed_precision",
+           "DEEPSPEED_MODULES", "generate", "own_length", "agreed_length", "wanted_length",
+           "prewarm_deepspeed"]
 
 MIXED = r"got mixed torch\.Tensor and DTensor, need to convert all torch\.Tensor to DTensor"
 DS_TIMEOUT = 120.0  # deepspeed.initialize costs a rank seconds (more on a loaded machine)
+SAME_DTYPE = r"mat1 and mat2 must have the same dtype, but got Float and BFloat16"
+
+
+def prewarm_deepspeed(wait: bool = False) -> bool:
+    """Have the fork server import DeepSpeed (and what deepspeed.initialize imports) once, so
+    each ZeRO-3 rank starts in about a second instead of several. Lesson 12 only."""
+    from ..._procs import prewarm
+
+    return prewarm(wait=wait, timeout=DS_TIMEOUT, modules=list(DEEPSPEED_MODULES))
 
 LESSON = Lesson(
     id="12",
@@ -50,6 +66,26 @@ LESSON = Lesson(
                  module=ModuleCase(Gated, GatedFixed, features, strategy="fsdp2"),
                  summary="outside forward a weight is this rank's shard: its norm is silently "
                          "wrong and differs per rank; read weight.full_tensor() on every rank"),
+        Scenario("frozen_part_in_unit", "A frozen part inside an FSDP2 unit",
+                 broken=Variant(train_adapted, Expect("ok", metric="frozen_reduced_bytes",
+                                                      above=100, metric_rank=None)),
+                 fixed=Variant(train_adapted, Expect("ok", metric="frozen_reduced_bytes",
+                                                     below=1, metric_rank=None),
+                               kwargs={"freeze": freeze_base}),
+                 summary="left out of the optimizer only, the frozen weight still gets a "
+                         "gradient FSDP2 reduce-scatters every step; requires_grad_(False) in "
+                         "the same unit: FSDP2 gathers it, never reduces it"),
+        Scenario("mixed_precision_constants", "A custom module's constants under FSDP2's "
+                 "bfloat16 policy",
+                 broken=Variant(mixed_precision, Expect("error", "RuntimeError", SAME_DTYPE,
+                                                        ranks=(0, 1))),
+                 fixed=Variant(mixed_precision, Expect("ok", metric="rel_error", below=0.05,
+                                                       metric_rank=None),
+                               kwargs={"model_cls": ScaledFixed}),
+                 module=ModuleCase(scaled_net, scaled_net_fixed, features, amp="bf16",
+                                   strategy="fsdp2"),
+                 summary="MixedPrecisionPolicy casts parameters, not buffers or plain tensors: "
+                         "h * scale is float32 again; compute in float32 and cast back"),
         Scenario("sharded_state_dict", "A sharded model's state_dict loaded into a plain module",
                  broken=Variant(save_and_reload, Expect("error", "RuntimeError",
                                                         r"aten\.copy_\.default " + MIXED,
@@ -66,6 +102,15 @@ LESSON = Lesson(
                                kwargs={"gather": read_gathered}, timeout=DS_TIMEOUT),
                  summary="outside forward a ZeRO-3 parameter has shape (0,): the penalty is "
                          "silently 0.0; read it inside deepspeed.zero.GatheredParameters"),
+        Scenario("zero3_uneven_forwards", "ZeRO-3 ranks that run forward a different number "
+                 "of times",
+                 broken=Variant(generate, Expect("timeout", match="fetch_sub_module", ranks=(0,)),
+                                timeout=DS_TIMEOUT),
+                 fixed=Variant(generate, Expect("ok", metric="outputs_all_ranks", above=4.5,
+                                                below=5.5),
+                               kwargs={"length": agreed_length}, timeout=DS_TIMEOUT),
+                 summary="each ZeRO-3 forward gathers weights from every rank: a rank that "
+                         "runs one more forward waits forever; agree on the loop length"),
         Scenario("memory_per_rank", "Bytes per rank: DDP, ZeRO-1 and FSDP2",
                  broken=Variant(memory_per_rank, Expect("ok", metric="unsharded_share",
                                                         above=0.95)),

@@ -98,6 +98,59 @@ class GatedFixed(nn.Module):
         return self.head(torch.relu(self.body(x)))
 
 
+class Adapted(nn.Module):
+    """A block with a frozen part: a pretrained `base` the fine-tuning keeps fixed, plus a
+    small trainable low-rank adapter (`down`, `up`) beside it, all in one FSDP2 unit."""
+
+    def __init__(self, rank: int = 4):
+        super().__init__()
+        self.base = nn.Linear(WIDTH, WIDTH)
+        self.down = nn.Linear(WIDTH, rank, bias=False)
+        self.up = nn.Linear(rank, WIDTH, bias=False)
+
+    def forward(self, x):
+        return self.base(x) + self.up(self.down(x))
+
+
+def adapted() -> nn.Module:
+    return nn.Sequential(nn.Linear(WIDTH, WIDTH), Adapted(), nn.Linear(WIDTH, 4))
+
+
+class Scaled(nn.Module):
+    """Broken under FSDP2's MixedPrecisionPolicy(param_dtype=bfloat16): the policy casts the
+    parameters, not the buffer `scale` nor the plain tensor `shift`, so `h * scale + shift`
+    is float32 again and the next Linear (bfloat16 weights) refuses it."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(WIDTH, WIDTH)
+        self.out = nn.Linear(WIDTH, 4)
+        self.register_buffer("scale", torch.linspace(0.5, 1.5, WIDTH))
+        self.shift = torch.linspace(-1.0, 1.0, WIDTH)  # a constant, not registered
+
+    def forward(self, x):
+        h = self.lin(x)
+        return self.out(h * self.scale + self.shift)
+
+
+class ScaledFixed(Scaled):
+    """Fixed: the constants' arithmetic in float32 on purpose, handed back in the dtype the
+    next layer computes in."""
+
+    def forward(self, x):
+        h = self.lin(x)
+        return self.out((h.float() * self.scale + self.shift).to(h.dtype))
+
+
+def scaled_net(block=Scaled) -> nn.Module:
+    """The block inside a model: the sharding plan makes the whole block one unit."""
+    return nn.Sequential(block(), nn.Linear(4, 4))
+
+
+def scaled_net_fixed() -> nn.Module:
+    return scaled_net(ScaledFixed)
+
+
 def mlp() -> nn.Module:
     """The plain model of the training-loop scenarios (penalty, saving, memory)."""
     return nn.Sequential(nn.Linear(WIDTH, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(),

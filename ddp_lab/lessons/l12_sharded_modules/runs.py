@@ -10,7 +10,7 @@ import copy
 import torch
 
 from ...rankinfo import rank_info
-from .modules import TiedLM, features, mlp, tokens, units
+from .modules import Scaled, TiedLM, adapted, features, mlp, scaled_net, tokens, units
 
 
 def shard(model, plan=units):
@@ -111,3 +111,86 @@ def save_and_reload(take=state_dict_as_is, steps: int = 2) -> dict:
     diff = max(float((a - b).abs().max()) for a, b in zip(plain.state_dict().values(),
                                                            ref.state_dict().values()))
     return {"value_types": kinds, "keys": len(state), "max_diff": diff}
+
+
+def count_collectives(unit) -> dict:
+    """Count the bytes FSDP2 all-gathers and reduce-scatters for `unit` (this rank's shard),
+    through FSDP2's own hooks for custom collectives; the collectives themselves are FSDP2's."""
+    from torch.distributed.fsdp._fully_shard._fsdp_collectives import (DefaultAllGather,
+                                                                       DefaultReduceScatter)
+    sent = {"gathered": 0, "reduced": 0}
+
+    class Gather(DefaultAllGather):
+        def __call__(self, output_tensor, input_tensor, group, async_op=False):
+            sent["gathered"] += input_tensor.numel() * input_tensor.element_size()
+            return super().__call__(output_tensor, input_tensor, group, async_op)
+
+    class Reduce(DefaultReduceScatter):
+        def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
+            sent["reduced"] += output_tensor.numel() * output_tensor.element_size()
+            return super().__call__(output_tensor, input_tensor, group, op, async_op)
+
+    unit.set_custom_all_gather(Gather())
+    unit.set_custom_reduce_scatter(Reduce())
+    return sent
+
+
+def freeze_base(model) -> None:
+    """The fix: mark the frozen part frozen, inside the same unit as the trainable adapter."""
+    model[1].base.requires_grad_(False)
+
+
+def train_adapted(freeze=None, steps: int = 2) -> dict:
+    """Fine-tune the adapter of a block whose `base` stays fixed; the optimizer gets every
+    parameter but the base's. Bytes FSDP2 moves for the block's unit, per step, on this rank."""
+    rank = rank_info().rank
+    torch.manual_seed(0)
+    model = adapted()
+    if freeze is not None:
+        freeze(model)
+    block = model[1]
+    before = block.base.weight.detach().clone()
+    shard(model)
+    sent = count_collectives(block)
+    opt = torch.optim.SGD([p for n, p in model.named_parameters() if ".base." not in n], lr=0.1)
+    for _ in range(steps):
+        model(features(rank)).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+    adapter = sum(p.to_local().numel() * 4 for p in (block.down.weight, block.up.weight))
+    grad = block.base.weight.grad
+    return {"gathered_per_step": sent["gathered"] // steps,
+            "reduced_per_step": sent["reduced"] // steps, "adapter_shard_bytes": adapter,
+            "frozen_reduced_bytes": sent["reduced"] // steps - adapter,
+            "frozen_grad_held": None if grad is None else grad.to_local().numel() * 4,
+            "base_moved": float((block.base.weight.full_tensor() - before).abs().max())}
+
+
+def mixed_precision(model_cls=Scaled) -> dict:
+    """A forward and backward of a model whose block is `model_cls`, sharded per block under
+    MixedPrecisionPolicy(param_dtype=bfloat16), beside the same model unsharded in float32:
+    the dtypes met inside the block."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    rank = rank_info().rank
+    torch.manual_seed(0)
+    model = scaled_net(model_cls)
+    ref = copy.deepcopy(model)
+    for unit in units(model):
+        fully_shard(unit, mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16))
+    block, seen = model[0], {}
+
+    def note(name):
+        def hook(module, args, out=None):
+            seen.setdefault(name, (args[0] if out is None else out).dtype)
+        return hook
+    block.lin.register_forward_hook(note("lin output"))
+    block.out.register_forward_pre_hook(note("out input"))
+    x = features(rank)
+    y = model(x)
+    y.pow(2).mean().backward()
+    want = ref(x)
+    return {"dtypes": {k: str(v).replace("torch.", "") for k, v in
+                       {**seen, "scale (buffer)": block.scale.dtype,
+                        "shift (plain tensor)": block.shift.dtype, "output": y.dtype}.items()},
+            "rel_error": float((y.float() - want).norm() / want.norm())}

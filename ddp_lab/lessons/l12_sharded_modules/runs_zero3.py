@@ -9,7 +9,7 @@ import contextlib
 
 import torch
 
-from ...rankinfo import rank_info
+from ...rankinfo import rank_info, restart_clock
 from .modules import features, mlp
 
 CONFIG = {"train_micro_batch_size_per_gpu": 8, "zero_optimization": {"stage": 3},
@@ -34,6 +34,7 @@ def zero3_engine(model, stage: int = 3):
     zero = {"stage": stage, "stage3_param_persistence_threshold": 0} if stage == 3 else {"stage": stage}
     config = {**CONFIG, "zero_optimization": zero}
     engine, *_ = deepspeed.initialize(model=model, optimizer=opt, config=config)
+    restart_clock()  # the launch's timeout counts from here, not from the seconds of set-up
     return engine
 
 
@@ -77,3 +78,53 @@ def zero3_penalty(gather=read_as_is, steps: int = 2) -> dict:
     error = max(abs(a - b) / b for a, b in zip(read, truth))
     return {"penalty": read, "truth": truth, "penalty_error": error,
             "shapes_seen": sorted(list(s) for s in shapes)}
+
+
+# The modules `deepspeed.initialize` imports on first use (its ZeRO optimizer check imports
+# DeepSpeed's Muon optimizer, whose torch.compile decorators import torch._inductor): seconds
+# per rank, unless the fork server imported them once (`ddp_lab.prewarm(modules=...)`).
+DEEPSPEED_MODULES = ("deepspeed", "deepspeed.runtime.engine",
+                     "deepspeed.runtime.zero.muon.muon_optimizer")
+
+
+def wanted_length(rank: int) -> int:
+    """How many forwards a rank's generate loop wants: decided per rank (its sequence met its
+    end token sooner)."""
+    return 3 if rank == 0 else 2
+
+
+def own_length(wanted: int) -> int:
+    return wanted
+
+
+def agreed_length(wanted: int) -> int:
+    """The fix: every rank runs the longest loop of all ranks (what transformers'
+    generate(synced_gpus=True) does); a rank that is done keeps calling forward and drops it."""
+    import torch.distributed as dist
+
+    n = torch.tensor([wanted])
+    dist.all_reduce(n, op=dist.ReduceOp.MAX)
+    return int(n.item())
+
+
+def generate(length=own_length, seconds: float = 4.0) -> dict:
+    """A generate-like loop under ZeRO-3: forward only, as many times as `length` says, then a
+    metric summed over ranks (the next collective every rank reaches). The rank gives itself
+    `seconds` once the engine is set up: a hang is reported that long after it starts."""
+    import torch.distributed as dist
+
+    rank = rank_info().rank
+    torch.manual_seed(0)
+    engine = zero3_engine(mlp())
+    restart_clock(seconds)
+    wanted = wanted_length(rank)
+    forwards = length(wanted)
+    kept = []
+    with torch.no_grad():
+        for step in range(forwards):
+            out = engine(features(rank))  # gathers every partitioned weight from every rank
+            if step < wanted:
+                kept.append(out)
+    outputs = torch.tensor([float(len(kept))])
+    dist.all_reduce(outputs)
+    return {"wanted": wanted, "forwards": forwards, "outputs_all_ranks": int(outputs.item())}
