@@ -38,9 +38,17 @@ SAME_DTYPE = r"mat1 and mat2 must have the same dtype, but got Float and BFloat1
 
 def prewarm_deepspeed(wait: bool = False) -> bool:
     """Have the fork server import DeepSpeed (and what deepspeed.initialize imports) once, so
-    each ZeRO-3 rank starts in about a second instead of several. Lesson 12 only."""
+    each ZeRO-3 rank starts in about a second instead of several. Lesson 12 only. Without a
+    GPU it names DeepSpeed's CPU accelerator (DS_ACCELERATOR=cpu, what DeepSpeed would pick)
+    so that neither the fork server nor a rank logs its "unable to detect" warning."""
+    import os
+
+    import torch
+
     from ..._procs import prewarm
 
+    if not torch.cuda.is_available():
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
     return prewarm(wait=wait, timeout=DS_TIMEOUT, modules=list(DEEPSPEED_MODULES))
 
 LESSON = Lesson(
