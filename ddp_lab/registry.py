@@ -220,6 +220,9 @@ class Lesson:
     # results[scenario name][variant] -> RunResult  ==>  {figure name: matplotlib Figure}
     figures: Callable[[Mapping[str, Mapping[str, RunResult]]], dict[str, Any]] | None = None
     error_class: str = ""  # a few words: the class of error it teaches (the doctor names it)
+    # run once in the calling process before the lesson's scenarios (the tour calls it): e.g.
+    # build a C++ op, have the fork server preload what the ranks import
+    prepare: Callable[[], Any] | None = None
 
     def __post_init__(self):
         if not re.fullmatch(r"\d\d", self.id):

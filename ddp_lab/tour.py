@@ -64,9 +64,9 @@ def tour(out: str | Path = "ddp-lab-tour", only: list[str] | None = None, progre
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     chosen = [l for k, l in lessons().items() if not only or k in only]
-    if any(l.id == "12" for l in chosen):  # DeepSpeed's C++ op, built here, never in a rank
-        from .deepspeed_ops import ensure_built
-        ensure_built(say=lambda line: print(line, file=sys.stderr, flush=True))
+    for lesson in chosen:  # e.g. lesson 12 builds DeepSpeed's C++ op here, never in a rank
+        if lesson.prepare is not None:
+            lesson.prepare()
     total = sum(len(l.scenarios) for l in chosen)
     rows: list[Row] = []
     figures: list[Path] = []

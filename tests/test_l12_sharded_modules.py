@@ -16,10 +16,7 @@ LESSON = l12.LESSON
 def deepspeed_ready():
     """DeepSpeed's C++ op built (a no-op when it is: `ddp-lab build-ops` ran in .ci/run) and
     DeepSpeed imported once in the fork server, so each ZeRO-3 rank starts in about a second."""
-    from ddp_lab.deepspeed_ops import ensure_built
-
-    ensure_built()
-    l12.prewarm_deepspeed()
+    LESSON.prepare()
 
 
 def test_tie_across_units_fails_on_every_rank_in_the_tied_projection(runs):

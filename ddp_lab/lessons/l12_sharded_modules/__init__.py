@@ -51,12 +51,24 @@ def prewarm_deepspeed(wait: bool = False) -> bool:
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     return prewarm(wait=wait, timeout=DS_TIMEOUT, modules=list(DEEPSPEED_MODULES))
 
+
+def prepare() -> None:
+    """Before the lesson's scenarios (the tour calls it): DeepSpeed's C++ op built here, with
+    progress on stderr, never inside a rank; DeepSpeed preloaded in the fork server."""
+    import sys
+
+    from ...deepspeed_ops import ensure_built
+
+    ensure_built(say=lambda line: print(line, file=sys.stderr, flush=True))
+    prewarm_deepspeed()
+
 LESSON = Lesson(
     id="12",
     error_class="sharded modules (FSDP2, ZeRO-3)",
     title="Custom modules under sharding: FSDP2 and DeepSpeed ZeRO-3",
     notebook="12_sharded_modules",
     figures=figures,
+    prepare=prepare,
     scenarios=[
         Scenario("tied_across_units", "A weight read by a second FSDP2 unit",
                  broken=Variant(train_tied, Expect("error", "RuntimeError",
