@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from . import _procs
+from . import _procs, flight
 from .rankinfo import in_torchrun
 from .results import ErrorInfo, RankResult, RunResult
 
@@ -26,6 +26,7 @@ START_METHODS = ("auto", "forkserver", "spawn")
 IMPORT_TIME_VARS = ("TORCH_CPP_LOG_LEVEL", "TORCH_SHOW_CPP_STACKTRACES", "TORCH_LOGS",
                     "OMP_NUM_THREADS", "MKL_NUM_THREADS", "GLOG_v", "GLOG_minloglevel")
 STACK_WAIT = 1.0  # seconds to let a rank write its stacks before it is killed
+DEFAULT_TIMEOUT = 60.0
 PG_TIMEOUT_MARGIN = 10.0  # the process group's own timeout outlasts the launch's
 
 
@@ -39,17 +40,22 @@ class _Rank:
     stopped: str = ""  # why the launcher stopped it, if it did
 
 
-def launch(fn: Callable, *args, world_size: int = 2, backend: str = "auto", timeout: float = 60,
+def launch(fn: Callable, *args, world_size: int = 2, backend: str = "auto",
+           timeout: float | None = None,
            env: dict[str, str] | None = None, init_process_group: bool = True,
            start_method: str = "auto", grace: float = 5.0, label: str = "",
            **kwargs) -> RunResult:
     """Run `fn(*args, **kwargs)` once per rank, each rank a fresh process, and return a
     `RunResult` with every rank's status, value or error, output and (if it hung) stack.
 
-    `timeout` bounds the ranks' run, counted once every rank has started (a cold fork server
+    `timeout` (default 60 s) bounds the ranks' run, counted once every rank has started (a cold fork server
     first imports torch); ranks still running then have their stacks captured and are killed. After a rank fails, the others get `grace` seconds to finish or fail on
     their own before they are stopped the same way.
     """
+    # A timeout the caller chose turns on PyTorch's flight recorder (it costs a warm launch a
+    # few per cent; see README): each rank's collectives then come back in `collectives`.
+    record = timeout is not None
+    timeout = DEFAULT_TIMEOUT if timeout is None else timeout
     _check_args(fn, world_size, timeout, env, start_method, grace)
     if in_torchrun():
         from .torchrun import run_here
@@ -68,6 +74,8 @@ def launch(fn: Callable, *args, world_size: int = 2, backend: str = "auto", time
     try:
         store = _rendezvous_store(timeout)
         base_env = dict(os.environ, **env, **_rendezvous_env(world_size, store.port))
+        if record:
+            base_env.setdefault(flight.ENV, flight.BUFFER)  # unless the caller set it (0: off)
         for r in range(world_size):
             ranks.append(_start_rank(r, workdir, payload, base_env, backend, timeout,
                                      init_process_group, start_method, world_size))
@@ -155,6 +163,7 @@ def _rendezvous_env(world_size: int, port: int) -> dict[str, str]:
 
 def _start_rank(r, workdir, payload, base_env, backend, timeout, init_pg, start_method, world_size):
     paths = {k: os.path.join(workdir, f"rank{r}.{k}") for k in ("stdout", "stderr", "stack", "result")}
+    flight.prepare(paths, workdir, r)
     env = dict(base_env, RANK=str(r), LOCAL_RANK=str(r))
     spec = dict(paths, payload=payload, env=env, sys_path=list(sys.path), backend=backend,
                 init_process_group=init_pg, pg_timeout=timeout + PG_TIMEOUT_MARGIN,
@@ -195,6 +204,10 @@ def _watch(ranks: list[_Rank], deadline: float, grace: float) -> None:
 def _stop(running: list[_Rank], why: str) -> None:
     import signal as _signal
 
+    asked = [rk for rk in running if flight.request(rk.paths)]  # each dumps its flight record
+    until = time.time() + STACK_WAIT
+    while time.time() < until and not all(os.path.exists(rk.paths["flight"]) for rk in asked):
+        time.sleep(0.01)
     for rk in running:
         try:
             os.kill(rk.handle.pid, _signal.SIGUSR1)  # faulthandler dumps every thread's stack
@@ -244,7 +257,7 @@ def _rank_result(rk: _Rank, start: float) -> RankResult:
     res = RankResult(rank=rk.rank, status="ok", stdout=_read(rk.paths["stdout"]),
                      stderr=_read(rk.paths["stderr"]), stack=_read(rk.paths["stack"]),
                      exitcode=rk.exitcode, seconds=(rk.ended_at or time.time()) - start,
-                     note=rk.stopped)
+                     note=rk.stopped, collectives=flight.read(rk.paths))
     record = None
     if os.path.exists(rk.paths["result"]):
         with open(rk.paths["result"], "rb") as f:
