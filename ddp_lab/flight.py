@@ -39,6 +39,7 @@ class Collective:
     backend: str = "gloo"
     out_sizes: tuple = ()
     out_dtypes: tuple = ()
+    created: float = 0.0     # wall-clock time the rank entered it (s since the epoch)
 
     @property
     def shape(self) -> str:
@@ -75,7 +76,8 @@ def parse(blob: bytes) -> list[Collective]:
             state=str(e.get("state", "")),
             group=str(e.get("process_group", ("0",))[0]), backend=backend,
             out_sizes=tuple(tuple(s) for s in e.get("output_sizes", [])),
-            out_dtypes=tuple(_DTYPES.get(d, d) for d in e.get("output_dtypes", []))))
+            out_dtypes=tuple(_DTYPES.get(d, d) for d in e.get("output_dtypes", [])),
+            created=(e.get("time_created_ns") or 0) / 1e9))
     return out
 
 

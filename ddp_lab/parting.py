@@ -114,7 +114,7 @@ def table(ranks, last: int = 6) -> str:
     """Each rank's recorded collectives side by side, one row per sequence number (the `last`
     rows up to the one where the ranks part), that row marked."""
     seqs = _by_seq(ranks, "0")
-    if not seqs:
+    if not any(seqs.values()):
         return "(no flight recorder record: the recorder was off, or no rank left one)"
     p = find(ranks)
     top = max(max(s, default=0) for s in seqs.values())
