@@ -19,8 +19,8 @@ from .modules import Classifier
 from .runs import (broadcast_vocabulary, evaluate, local_loss, save_checkpoint_slowly,
                    train_and_evaluate_on_rank0, train_with_early_stopping, train_with_rank0_save)
 
-HANG = 3.0  # seconds: a deliberate hang is reported this soon
-PG_TIMEOUT, SAVE = 1.5, 3.0  # seconds: the process group's timeout, and how long rank 0 saves
+HANG = 2.0  # seconds: a deliberate hang is reported this soon
+PG_TIMEOUT, SAVE = 1.0, 2.0  # seconds: the process group's timeout, and how long rank 0 saves
 DETAIL = {"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}  # wraps the group only when set at its creation
 
 

@@ -40,9 +40,14 @@ def evaluate(model) -> float:
     return acc
 
 
-def train_and_evaluate_on_rank0(through_wrapper: bool = True, steps: int = 2):
+def train_and_evaluate_on_rank0(through_wrapper: bool = True, steps: int = 2,
+                                detail_after_init: bool = False):
     """Hang 1: `if rank == 0: evaluate(ddp_model)`. DDP's forward broadcasts the BatchNorm
-    buffers from rank 0, a collective rank 1 never joins: it waits at the end-of-epoch barrier."""
+    buffers from rank 0, a collective rank 1 never joins: it waits at the end-of-epoch barrier.
+    `detail_after_init`: DETAIL set once the group exists (set at its creation, it wraps the
+    group, and DDP segfaults on this build -- lesson 06)."""
+    if detail_after_init:
+        dist.set_debug_level(dist.DebugLevel.DETAIL)
     torch.manual_seed(0)
     ddp = DDP(Classifier())
     opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
@@ -61,8 +66,8 @@ def save_checkpoint_slowly(model, path: str, seconds: float) -> None:
     time.sleep(seconds)
 
 
-def train_with_rank0_save(wait_in_barrier: bool = False, pg_timeout: float = 1.5,
-                          save_seconds: float = 3.0):
+def train_with_rank0_save(wait_in_barrier: bool = False, pg_timeout: float = 1.0,
+                          save_seconds: float = 2.0):
     """Hang 2: rank 0 saves a checkpoint for longer than the process group's timeout while
     rank 1 already waits in the next step's all_reduce."""
     dist.init_process_group("gloo", timeout=timedelta(seconds=pg_timeout))
