@@ -89,3 +89,25 @@ def test_without_a_timeout_nothing_is_recorded_and_results_pickle_without_torch(
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "broadcast [8] float32"
     assert isinstance(pickle.loads(pickle.dumps(result)).ranks[0].collectives[0], Collective)
+
+
+def test_the_doctors_hang_finding_carries_the_flight_recorder_table():
+
+    from ddp_lab import doctor
+
+    report = doctor(Rank0LogsInForward, torch.randn(8, 4), timeout=4)
+    hang = next(f for f in report.findings if f.code == "hang")
+    assert any(e.startswith("flight recorder: the ranks part at collective #") for e in hang.evidence)
+    assert "--- flight recorder ---" in hang.trace and "<- the ranks part here" in hang.trace
+
+
+class Rank0LogsInForward(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        y = self.lin(x)
+        if dist.get_rank() == 0:
+            dist.all_reduce(y.detach().mean())
+        return y
