@@ -31,6 +31,7 @@ def run_result_html(result: RunResult) -> str:
         folds = "".join([
             _details("traceback", r.error.traceback if r.error else ""),
             _details("stack when stopped", r.stack_summary() if r.stack else ""),
+            _details("native stack (py-spy)", r.native_stack),
             _details("stdout", r.stdout),
             _details("stderr", r.stderr),
         ])

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from . import _procs, flight
+from . import _procs, flight, pyspy
 from .rankinfo import in_torchrun
 from .results import ErrorInfo, RankResult, RunResult
 
@@ -38,13 +38,15 @@ class _Rank:
     exitcode: int | None = None
     ended_at: float | None = None
     stopped: str = ""  # why the launcher stopped it, if it did
+    native: bool = False  # ask py-spy for its native stack before stopping it
+    native_stack: str = ""
 
 
 def launch(fn: Callable, *args, world_size: int = 2, backend: str = "auto",
            timeout: float | None = None,
            env: dict[str, str] | None = None, init_process_group: bool = True,
            start_method: str = "auto", grace: float = 5.0, label: str = "",
-           **kwargs) -> RunResult:
+           native_stacks: bool = False, **kwargs) -> RunResult:
     """Run `fn(*args, **kwargs)` once per rank, each rank a fresh process, and return a
     `RunResult` with every rank's status, value or error, output and (if it hung) stack.
 
@@ -57,6 +59,8 @@ def launch(fn: Callable, *args, world_size: int = 2, backend: str = "auto",
     record = timeout is not None
     timeout = DEFAULT_TIMEOUT if timeout is None else timeout
     _check_args(fn, world_size, timeout, env, start_method, grace)
+    if native_stacks:
+        pyspy.require()  # says so, before anything starts, when py-spy is not installed
     if in_torchrun():
         from .torchrun import run_here
 
@@ -79,6 +83,7 @@ def launch(fn: Callable, *args, world_size: int = 2, backend: str = "auto",
         for r in range(world_size):
             ranks.append(_start_rank(r, workdir, payload, base_env, backend, timeout,
                                      init_process_group, start_method, world_size))
+            ranks[-1].native = native_stacks
         _watch(ranks, time.time() + timeout, grace)  # counted from when every rank is started
         return _collect(ranks, backend, timeout, time.time() - start, label, start)
     finally:
@@ -222,6 +227,8 @@ def _stop(running: list[_Rank], why: str) -> None:
         sizes = now_sizes
         time.sleep(0.05)
     for rk in running:
+        if rk.native:
+            rk.native_stack = pyspy.dump(rk.handle.pid)
         rk.handle.kill()
         rk.stopped = why
     until = time.time() + 5
@@ -257,7 +264,8 @@ def _rank_result(rk: _Rank, start: float) -> RankResult:
     res = RankResult(rank=rk.rank, status="ok", stdout=_read(rk.paths["stdout"]),
                      stderr=_read(rk.paths["stderr"]), stack=_read(rk.paths["stack"]),
                      exitcode=rk.exitcode, seconds=(rk.ended_at or time.time()) - start,
-                     note=rk.stopped, collectives=flight.read(rk.paths))
+                     note=rk.stopped, collectives=flight.read(rk.paths),
+                     native_stack=rk.native_stack)
     record = None
     if os.path.exists(rk.paths["result"]):
         with open(rk.paths["result"], "rb") as f:

@@ -90,6 +90,7 @@ class RankResult:
     # What the flight recorder saw this rank enter (ddp_lab.flight.Collective, oldest first);
     # None when it left no record.
     collectives: list | None = None
+    native_stack: str = ""  # py-spy's native stack when it hung (launch(native_stacks=True))
 
     @property
     def ok(self) -> bool:

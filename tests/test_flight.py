@@ -111,3 +111,25 @@ class Rank0LogsInForward(torch.nn.Module):
         if dist.get_rank() == 0:
             dist.all_reduce(y.detach().mean())
         return y
+
+
+def test_native_stacks_say_clearly_when_py_spy_is_missing(monkeypatch):
+    from ddp_lab import pyspy
+
+    monkeypatch.setenv("PATH", "/nonexistent")
+    if pyspy.find() is not None:
+        pytest.skip("py-spy is installed beside this Python")
+    with pytest.raises(RuntimeError, match="needs py-spy, which is not installed.*pip install py-spy"):
+        launch(third_all_reduce_on_rank0, timeout=3, native_stacks=True)
+
+
+def test_native_stacks_show_the_frames_below_python():
+    from ddp_lab import pyspy
+
+    if pyspy.find() is None:
+        pytest.skip("py-spy is not installed (optional: pip install py-spy)")
+    result = launch(third_all_reduce_on_rank0, timeout=3, native_stacks=True)
+    native = result.ranks[0].native_stack
+    assert "Python v3" in native, native[:300]
+    assert "all_reduce" in native and "(libtorch" in native  # C++ frames faulthandler cannot see
+    assert "native stack (py-spy)" in result._repr_html_()
