@@ -1,5 +1,5 @@
 """What the flight recorder costs a warm launch: the same 2-rank launches with the recorder off
-(`TORCH_FR_BUFFER_SIZE=0`) and on (ddp_lab's default), interleaved in one run on this machine.
+(`TORCH_FR_BUFFER_SIZE=0`) and on (the default for a launch given a timeout), interleaved in one run on this machine.
 
     .venv/bin/python benchmarks/flight_recorder_cost.py [--repeat 15] [--collectives 200]
 
@@ -39,7 +39,7 @@ def main() -> None:
         for _ in range(args.repeat):
             for name, env in settings.items():  # interleaved: both see the same machine load
                 t0 = time.perf_counter()
-                ddp_lab.launch(one, n, env=env).raise_for_status()
+                ddp_lab.launch(one, n, env=env, timeout=60).raise_for_status()
                 times[name].append(time.perf_counter() - t0)
         off, on = (statistics.median(times[k]) for k in ("off", "on"))
         print(f"{n:>4} all_reduce(s): recorder off {off:.3f} s, on {on:.3f} s, "
