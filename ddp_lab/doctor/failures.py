@@ -139,7 +139,7 @@ def _hang(result, recs, where: dict | None = None) -> Finding:
         from ..parting import table
 
         ev.append(parted)
-        traces += f"\n\n--- flight recorder ---\n{table(result.ranks)}"
+        traces = f"--- flight recorder ---\n{table(result.ranks)}\n\n{traces}"
     return Finding(
         "error", "hang", "03", f"the ranks hung (stopped after {result.timeout:g} s)",
         ev + ["a collective some ranks call and others do not (or call in another order) waits "
