@@ -71,12 +71,9 @@ def find(ranks, group: str = "0") -> Parting | None:
 
 def _where(r) -> str:
     """What a rank that did not enter the collective was doing instead."""
-    if r.status == "timeout":
-        from .results import main_thread_frames
-
-        frames = [fn for f, fn in main_thread_frames(r.stack)
-                  if "torch/" not in f and "ddp_lab/_" not in f and not f.startswith("<frozen")
-                  and f != "<string>"]
+    if r.status == "timeout":  # the innermost frame of the user's, from `fn  (file)` lines
+        frames = [ln.split()[0] for ln in r.stack_text(64).splitlines()
+                  if ln.strip() and "torch/" not in ln]
         return f"is in {frames[0]}()" if frames else "was stopped"
     if r.status == "error" and r.error:
         return f"raised {r.error.type}"
