@@ -79,6 +79,10 @@ class RankResult:
     seconds: float = 0.0
     failed_at: float | None = None  # wall-clock time of the failure, for root-cause ordering
     note: str = ""  # why the launcher stopped this rank, when it did
+    # What the flight recorder saw this rank enter (ddp_lab.flight.Collective, oldest first);
+    # None when it left no record.
+    collectives: list | None = None
+    native_stack: str = ""  # py-spy's native stack when it hung (launch(native_stacks=True))
 
     def __post_init__(self):
         if self.status not in STATUSES:
@@ -240,6 +244,7 @@ class RunResult:
         root = self.root_cause
         lines = [f"rank {root.rank} failed first: {root.headline}"]
         lines += [f"then rank {r.rank}: {r.headline}" for r in self.failures[1:]]
+        lines += [p] if (p := self.parting()) else []
         if root.error and root.error.traceback:
             lines += ["", f"traceback of rank {root.rank}:", sanitize(root.error.traceback)]
         elif root.stack:
@@ -281,7 +286,15 @@ class RunResult:
         for r in self.ranks:
             mark = "  <- root cause" if root is r and self._root_is_distinct() else ""
             rows.append(f"  rank {r.rank}: {r.status:<8} {r.headline if not r.ok else ''}{mark}".rstrip())
+        if self.status == "timeout" and (p := self.parting()):
+            rows.append(f"  {p}")
         return "\n".join(rows)
+
+    def parting(self) -> str:
+        """Where the flight recorder saw the ranks part ('' when they did not, or no record)."""
+        from .parting import describe
+
+        return describe(self.ranks)
 
     def _repr_html_(self) -> str:
         return run_result_html(self)

@@ -135,6 +135,11 @@ def _hang(result, recs, where: dict | None = None) -> Finding:
             ev.append(f"rank {r.rank}: {r.status} ({phase_of(recs[r.rank])})")
     traces = "\n\n".join(f"--- stack of rank {r.rank} ---\n{_main_thread(r.stack_summary())}"
                          for r in result.ranks if r.stack)
+    if parted := result.parting():  # the flight recorder's table, as in the launcher's report
+        from ..parting import table
+
+        ev.append(parted)
+        traces = f"--- flight recorder ---\n{table(result.ranks)}\n\n{traces}"
     return Finding(
         "error", "hang", "03", f"the ranks hung (stopped after {result.timeout:g} s)",
         ev + ["a collective some ranks call and others do not (or call in another order) waits "
