@@ -128,8 +128,8 @@ def _hang(result, recs, where: dict | None = None) -> Finding:
     for r in result.ranks:
         if r.status == "timeout":
             mine = user_frame_in(r.stack, where)
-            where = ", ".join(x for x in (r.stuck_in(), f"called from {mine}" if mine else "") if x)
-            ev.append(f"rank {r.rank} stuck {phase_of(recs[r.rank])}: {where or 'see its stack'}"
+            at = ", ".join(x for x in (r.stuck_in(), f"called from {mine}" if mine else "") if x)
+            ev.append(f"rank {r.rank} stuck {phase_of(recs[r.rank])}: {at or 'see its stack'}"
                       + _forward_calls(recs[r.rank]))
         else:
             ev.append(f"rank {r.rank}: {r.status} ({phase_of(recs[r.rank])})")
