@@ -27,7 +27,9 @@ _SEVERITY = {status: i for i, status in enumerate(STATUSES)}
 # Errors a rank raises because a peer died or stopped, not because of its own bug.
 _COLLATERAL = re.compile(r"Connection closed by peer|Connection reset by peer|Broken pipe|"
                          r"ECONNRESET|EPIPE|communicator was aborted|Socket Timeout|"
-                         r"failed to recv|failed to send|Timed out waiting", re.I)
+                         r"failed to recv|failed to send", re.I)
+# gloo's "Timed out waiting Nms for recv operation" is NOT here: it is the rank's own process-group
+# timeout, with its peer alive elsewhere (a slow save, another collective): the cause to headline.
 
 
 def peer_gone(message: str) -> bool:
