@@ -155,7 +155,7 @@ _FRAME = re.compile(r'File "([^"]+)", line \d+ in (\S+)')
 def main_thread_frames(stack: str) -> list[tuple[str, str]]:
     """(filename, function) of the main thread's frames, innermost first, from a faulthandler dump."""
     blocks = re.split(r"\n(?=(?:Current thread|Thread) 0x)", stack)
-    main = [b for b in blocks if "<module>" in b or "_rank_main" in b or "child_main" in b]
+    main = [b for b in blocks if "<module>" in b or "child_main" in b]
     block = main[0] if main else (blocks[0] if blocks else "")
     return _FRAME.findall(block)
 
