@@ -27,7 +27,9 @@ _SEVERITY = {status: i for i, status in enumerate(STATUSES)}
 # Errors a rank raises because a peer died or stopped, not because of its own bug.
 _COLLATERAL = re.compile(r"Connection closed by peer|Connection reset by peer|Broken pipe|"
                          r"ECONNRESET|EPIPE|communicator was aborted|Socket Timeout|"
-                         r"failed to recv|failed to send|Timed out waiting", re.I)
+                         r"failed to recv|failed to send", re.I)
+# gloo's "Timed out waiting Nms for recv operation" is NOT here: it is the rank's own process-group
+# timeout, with its peer alive elsewhere (a slow save, another collective): the cause to headline.
 
 
 def peer_gone(message: str) -> bool:
@@ -79,6 +81,10 @@ class RankResult:
     seconds: float = 0.0
     failed_at: float | None = None  # wall-clock time of the failure, for root-cause ordering
     note: str = ""  # why the launcher stopped this rank, when it did
+    # What the flight recorder saw this rank enter (ddp_lab.flight.Collective, oldest first);
+    # None when it left no record.
+    collectives: list | None = None
+    native_stack: str = ""  # py-spy's native stack when it hung (launch(native_stacks=True))
 
     def __post_init__(self):
         if self.status not in STATUSES:
@@ -149,7 +155,7 @@ _FRAME = re.compile(r'File "([^"]+)", line \d+ in (\S+)')
 def main_thread_frames(stack: str) -> list[tuple[str, str]]:
     """(filename, function) of the main thread's frames, innermost first, from a faulthandler dump."""
     blocks = re.split(r"\n(?=(?:Current thread|Thread) 0x)", stack)
-    main = [b for b in blocks if "<module>" in b or "_rank_main" in b or "child_main" in b]
+    main = [b for b in blocks if "<module>" in b or "child_main" in b]
     block = main[0] if main else (blocks[0] if blocks else "")
     return _FRAME.findall(block)
 
@@ -240,6 +246,7 @@ class RunResult:
         root = self.root_cause
         lines = [f"rank {root.rank} failed first: {root.headline}"]
         lines += [f"then rank {r.rank}: {r.headline}" for r in self.failures[1:]]
+        lines += [p] if (p := self.parting()) else []
         if root.error and root.error.traceback:
             lines += ["", f"traceback of rank {root.rank}:", sanitize(root.error.traceback)]
         elif root.stack:
@@ -281,7 +288,15 @@ class RunResult:
         for r in self.ranks:
             mark = "  <- root cause" if root is r and self._root_is_distinct() else ""
             rows.append(f"  rank {r.rank}: {r.status:<8} {r.headline if not r.ok else ''}{mark}".rstrip())
+        if self.status == "timeout" and (p := self.parting()):
+            rows.append(f"  {p}")
         return "\n".join(rows)
+
+    def parting(self) -> str:
+        """Where the flight recorder saw the ranks part ('' when they did not, or no record)."""
+        from .parting import describe
+
+        return describe(self.ranks)
 
     def _repr_html_(self) -> str:
         return run_result_html(self)
