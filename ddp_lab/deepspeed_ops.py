@@ -108,6 +108,46 @@ def require_built() -> None:
                            f"for minutes. Run `{COMMAND}` once first (a few minutes, one time).")
 
 
+def _descendants(pid: int) -> list[int]:
+    parent = {}
+    for p in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                parent[int(p)] = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+    found, todo = [], [pid]
+    while todo:
+        kids = [c for c, pp in parent.items() if pp == todo[-1]]
+        todo.pop()
+        found += kids
+        todo += kids
+    return found
+
+
+def _kill_tree(proc, folder: Path) -> None:
+    """Kill the build and every process under it or working in its folder, until none is left
+    (bounded): ninja starts each compiler in a process group of its own, and a shell it was
+    starting when killed is orphaned, so neither the build's group nor its tree is enough."""
+    deadline, quiet_since = time.monotonic() + 15, None
+    while time.monotonic() < deadline:
+        alive = ({proc.pid} if proc.poll() is None else set())
+        alive |= set(_descendants(proc.pid)) | set(_builders(folder))
+        for pid in alive:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        if alive:
+            quiet_since = None
+        elif quiet_since is None:
+            quiet_since = time.monotonic()
+        elif time.monotonic() - quiet_since > 1.0:
+            break
+        time.sleep(0.05)
+    proc.wait()
+
+
 def _remove_dead_lock(folder: Path, say) -> None:
     lock = folder / "lock"
     if lock.exists() and not _builders(folder):
@@ -120,6 +160,18 @@ def _tail(log: Path, lines: int = 15) -> str:
         return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
     except OSError:
         return "(no log)"
+
+
+def _wait(proc, start: float, timeout: float, say) -> int:
+    while True:
+        try:
+            return proc.wait(timeout=min(30.0, max(1.0, timeout - (time.monotonic() - start))))
+        except subprocess.TimeoutExpired:
+            elapsed = time.monotonic() - start
+            if elapsed >= timeout:
+                raise OpBuildError(f"building {NAME} did not finish in {timeout:.0f} s; "
+                                   "stopped it") from None
+            say(f"  still compiling ({elapsed:.0f} s)")
 
 
 def ensure_built(timeout: float = 1800.0, say=print) -> bool:
@@ -139,19 +191,12 @@ def ensure_built(timeout: float = 1800.0, say=print) -> bool:
     with open(log, "w") as out:
         proc = subprocess.Popen([sys.executable, "-c", BUILD], stdout=out,
                                 stderr=subprocess.STDOUT, start_new_session=True)
-        while True:
-            try:
-                rc = proc.wait(timeout=min(30.0, max(1.0, timeout - (time.monotonic() - start))))
-                break
-            except subprocess.TimeoutExpired:
-                elapsed = time.monotonic() - start
-                if elapsed >= timeout:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
-                    _remove_dead_lock(folder, say)
-                    raise OpBuildError(f"building {NAME} did not finish in {timeout:.0f} s; "
-                                       f"stopped it. Log: {log}") from None
-                say(f"  still compiling ({elapsed:.0f} s)")
+        try:
+            rc = _wait(proc, start, timeout, say)
+        except BaseException:  # over time, or Ctrl-C: no compiler left running, no lock left
+            _kill_tree(proc, folder)
+            _remove_dead_lock(folder, say)
+            raise
     if rc != 0 or not is_built(folder):
         _remove_dead_lock(folder, say)
         raise OpBuildError(f"building {NAME} failed (exit code {rc}); the log's last lines:\n"

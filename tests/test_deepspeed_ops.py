@@ -76,3 +76,15 @@ def test_a_missing_compiler_is_named_before_any_build(ext_dir, monkeypatch):
     with pytest.raises(ops.OpBuildError, match=r"C\+\+ compiler .*install gcc/g\+\+"):
         ops.ensure_built(say=lambda line: None)
     assert list(ext_dir.iterdir()) == []
+
+
+def test_a_build_past_its_time_limit_is_stopped_and_leaves_no_lock(ext_dir):
+    """A real build into an empty folder, stopped after 3 s: killed with its compilers, its
+    lock removed, the cause said; the next build is not blocked."""
+    start = time.time()
+    with pytest.raises(ops.OpBuildError, match="did not finish in 3 s; stopped it"):
+        ops.ensure_built(timeout=3, say=lambda line: None)
+    assert time.time() - start < 20
+    assert not (ext_dir / "lock").exists() and not ops.is_built()
+    time.sleep(2)  # a compiler that escaped would still be working in the folder
+    assert ops._builders(ext_dir) == [] and not (ext_dir / "shm.o").exists()
