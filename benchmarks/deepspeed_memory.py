@@ -1,6 +1,7 @@
 """Bytes per rank under DeepSpeed ZeRO stages 0-3 (float32, torch Adam, 2 ranks, CPU + gloo),
 counted from the tensors' storage after two steps and one more backward (gradients present),
-beside the ZeRO paper's formula. Not yet in lesson 12's figure (see the README).
+beside the ZeRO paper's formula, the float32 master copy apart from the Adam state (lesson
+12's figure counts them together).
 Run: .venv/bin/python benchmarks/deepspeed_memory.py"""
 from __future__ import annotations
 

@@ -70,6 +70,12 @@ def test_memory_per_rank_against_the_formula(runs):
                                      "optim": 8 * psi + 6 * 4}  # + one step counter per tensor
         for part, want in l12.formula_bytes(3, psi, 2).items():
             assert v["bytes"]["fsdp2"][part] == pytest.approx(want, abs=64)
+    for v in values:  # DeepSpeed stage 3: the formula, plus a float32 master partition
+        want = l12.formula_bytes(3, psi, 2)
+        assert v["bytes"]["ds3"]["params"] == pytest.approx(want["params"], abs=64)
+        assert v["bytes"]["ds3"]["grads"] == pytest.approx(want["grads"], abs=64)
+        assert v["bytes"]["ds3"]["optim"] == pytest.approx(want["optim"] + 4 * psi / 2, abs=64)
+        assert v["bytes"]["ds1"]["optim"] == pytest.approx(8 * psi / 2 + 4 * psi / 2, abs=64)
     zero1 = [v["bytes"]["zero1"]["optim"] for v in values]
     assert sum(zero1) == pytest.approx(8 * psi, abs=64)  # split, but by whole parameters:
     assert max(zero1) > 1.5 * l12.formula_bytes(1, psi, 2)["optim"]  # not evenly

@@ -131,13 +131,14 @@ LESSON = Lesson(
                                kwargs={"length": agreed_length}, timeout=DS_TIMEOUT),
                  summary="each ZeRO-3 forward gathers weights from every rank: a rank that "
                          "runs one more forward waits forever; agree on the loop length"),
-        Scenario("memory_per_rank", "Bytes per rank: DDP, ZeRO-1 and FSDP2",
+        Scenario("memory_per_rank", "Bytes per rank: DDP, ZeRO-1, FSDP2 and DeepSpeed's stages",
                  broken=Variant(memory_per_rank, Expect("ok", metric="unsharded_share",
                                                         above=0.95)),
                  fixed=Variant(memory_per_rank, Expect("ok", metric="unsharded_share",
                                                        below=0.55),
-                               kwargs={"strategies": tuple(STAGES)}),
+                               kwargs={"strategies": tuple(STAGES)}, timeout=DS_TIMEOUT),
                  summary="DDP holds every byte of parameters, gradients and Adam state on "
-                         "every rank; FSDP2 holds 1/N of each"),
+                         "every rank; FSDP2 holds 1/N of each; DeepSpeed adds a float32 "
+                         "master copy of its partition"),
     ],
 )

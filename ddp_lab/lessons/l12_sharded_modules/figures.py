@@ -6,10 +6,12 @@ from matplotlib.patches import Patch
 
 from ...plots import figure
 
-PARTS = {"params": "parameters", "grads": "gradients", "optim": "Adam state"}
+PARTS = {"params": "parameters", "grads": "gradients",
+         "optim": "Adam state (+ DeepSpeed's float32 master copy)"}
 COLOURS = {"params": "#2980b9", "grads": "#e67e22", "optim": "#27ae60"}
 LABELS = {"ddp": "DDP\n(stage 0)", "zero1": "ZeRO-1 (torch)\n(stage 1)",
-          "fsdp2": "FSDP2\n(stage 3)"}
+          "fsdp2": "FSDP2\n(stage 3)", "ds1": "DeepSpeed\nstage 1", "ds2": "DeepSpeed\nstage 2",
+          "ds3": "DeepSpeed\nstage 3"}
 
 
 def draw_memory(value: list[dict], world_size: int = 2):
@@ -17,7 +19,7 @@ def draw_memory(value: list[dict], world_size: int = 2):
     from .runs_memory import STAGES, formula_bytes
 
     fig, (ax,) = figure(1, title=f"What each rank holds after two Adam steps ({world_size} "
-                                 "ranks, float32)", width=10, height=4.4)
+                                 "ranks, float32)", width=13, height=4.6)
     psi, names = value[0]["psi"], list(value[0]["bytes"])
     x, ticks, labels, top = 0.0, [], [], 0.0
     for name in names:
@@ -39,11 +41,11 @@ def draw_memory(value: list[dict], world_size: int = 2):
                 ha="center", va="bottom", fontsize=9)
         x += 0.7
     ax.set_xticks(ticks, labels, fontsize=8)
-    ax.set_ylim(0, top * 1.05)
+    ax.set_ylim(0, top * 1.3)
     ax.set_ylabel("bytes held on the rank (KiB)")
     ax.set_xlabel("measured on each rank (solid) beside the ZeRO formula (hatched)")
     handles = [Patch(color=c, label=PARTS[p]) for p, c in COLOURS.items()]
-    ax.legend(handles=handles, fontsize=8, loc="upper right")
+    ax.legend(handles=handles, fontsize=8, loc="upper center", ncol=3)
     ax.grid(axis="y", alpha=0.3)
     return fig
 

@@ -1,7 +1,7 @@
 """Lesson 12's memory measurement, on each rank: the bytes of parameters, gradients and
 optimizer state a rank holds after two Adam steps, counted from the tensors' own storage
-(each storage once), under DDP (ZeRO stage 0), DDP + ZeroRedundancyOptimizer (stage 1) and
-FSDP2 (stage 3).
+(each storage once), under DDP (ZeRO stage 0), DDP + ZeroRedundancyOptimizer (stage 1),
+FSDP2 (stage 3) and DeepSpeed's ZeRO stages 1, 2 and 3.
 
 Every function here runs on a rank (through `ddp_lab.launch`); none starts a process.
 """
@@ -13,7 +13,7 @@ from ...rankinfo import ddp_kwargs, device, rank_info
 from .modules import WIDTH, features
 from .runs import shard
 
-STAGES = {"ddp": 0, "zero1": 1, "fsdp2": 3}
+STAGES = {"ddp": 0, "zero1": 1, "fsdp2": 3, "ds1": 1, "ds2": 2, "ds3": 3}
 
 
 def wide_mlp() -> torch.nn.Module:
@@ -59,12 +59,45 @@ def held_bytes(module, opt) -> dict:
             "optim": storage_bytes(state)}
 
 
+def _flat(obj) -> list:
+    if torch.is_tensor(obj):
+        return [obj]
+    items = obj.values() if isinstance(obj, dict) else obj if isinstance(obj, (list, tuple)) else []
+    return [t for v in items for t in _flat(v)]
+
+
+def deepspeed_held(stage: int, steps: int) -> dict:
+    """DeepSpeed ZeRO `stage`: `steps` steps, then one more backward (DeepSpeed frees the
+    gradients at its step), counted through DeepSpeed 0.19.8's optimizer attributes. `optim`
+    includes DeepSpeed's float32 master copy of the rank's partition."""
+    from .runs_zero3 import zero3_engine
+
+    torch.manual_seed(0)
+    model = wide_mlp()
+    engine = zero3_engine(model, stage=stage)
+    x = features(rank_info().rank)
+    for step in range(steps + 1):
+        engine.backward(engine(x).pow(2).mean())
+        if step < steps:
+            engine.step()
+    opt, params = engine.optimizer, list(model.parameters())
+    grads = (opt.grad_partitions_flat_buffer if stage == 3 else opt.averaged_gradients)
+    master = (opt.fp32_partitioned_groups_flat if stage == 3 else
+              opt.single_partition_of_fp32_groups)
+    return {"params": storage_bytes([getattr(p, "ds_tensor", p) for p in params]),
+            "grads": storage_bytes(_flat(grads)),
+            "optim": storage_bytes(_flat(list(opt.optimizer.state.values())) + _flat(master))}
+
+
 def memory_per_rank(strategies=("ddp",), steps: int = 2) -> dict:
     """Per strategy: the bytes held on this rank after `steps` steps (gradients kept), and
     the number of parameters Psi of the whole model."""
     rank = rank_info().rank
     out = {}
     for strategy in strategies:
+        if strategy.startswith("ds"):
+            out[strategy] = deepspeed_held(STAGES[strategy], steps)
+            continue
         model, module, opt = build(strategy)
         for _ in range(steps):
             opt.zero_grad()
@@ -73,7 +106,7 @@ def memory_per_rank(strategies=("ddp",), steps: int = 2) -> dict:
         out[strategy] = held_bytes(module, opt)
         del model, module, opt
     psi = sum(p.numel() for p in wide_mlp().parameters())
-    last = out[strategies[-1]]
+    last = out["fsdp2" if "fsdp2" in out else strategies[-1]]
     return {"bytes": out, "psi": psi,
             "unsharded_share": sum(last.values()) / (16 * psi)}  # fp32 Adam: 4+4+8 bytes
 
