@@ -1,4 +1,4 @@
-"""The `ddp-lab` command (also `python -m ddp_lab`): list, run, tour, doctor."""
+"""The `ddp-lab` command (also `python -m ddp_lab`): list, run, tour, doctor, check, workshop, site."""
 from __future__ import annotations
 
 import argparse
@@ -48,6 +48,41 @@ def cmd_tour(args) -> int:
     return 0 if all(r.as_declared for r in rows) else 1
 
 
+def cmd_check(args) -> int:
+    from .check import run_checks
+
+    return run_checks()
+
+
+def cmd_workshop(args) -> int:
+    from .workshop import build_workshop
+
+    build_workshop(args.out, notebooks=args.notebooks)
+    return 0
+
+
+def cmd_site(args) -> int:
+    from .site import build_site
+
+    build_site(args.out, notebooks=args.notebooks)
+    return 0
+
+
+def _add_kit_parsers(sub) -> None:
+    sub.add_parser("check", help="pre-flight check for a workshop: python, torch, two ranks, "
+                   "JupyterLab").set_defaults(func=cmd_check)
+    ws = sub.add_parser("workshop", help="the workshop kit: student and instructor notebooks, slides, guide")
+    ws.add_argument("action", choices=["build"])
+    ws.add_argument("out", help="output folder")
+    ws.add_argument("--notebooks", default="notebooks", help="folder of executed lesson notebooks")
+    ws.set_defaults(func=cmd_workshop)
+    site = sub.add_parser("site", help="a static HTML site of the executed notebooks")
+    site.add_argument("action", choices=["build"])
+    site.add_argument("out", help="output folder")
+    site.add_argument("--notebooks", default="notebooks", help="folder of executed lesson notebooks")
+    site.set_defaults(func=cmd_site)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ddp-lab", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -64,6 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     tour.add_argument("--lesson", action="append", default=[], help="only this lesson (repeatable)")
     tour.add_argument("--quiet", action="store_true", help="no progress bar")
     tour.set_defaults(func=cmd_tour)
+    _add_kit_parsers(sub)
     try:
         from .doctor.cli import add_parser
     except ImportError:
