@@ -22,16 +22,23 @@ def find_chromium() -> str | None:
     return None
 
 
+def _missing(reason: str):
+    """Skip; but fail where CI asked for the browser (DDP_LAB_REQUIRE_BROWSER=1, set by .ci/run)."""
+    if os.environ.get("DDP_LAB_REQUIRE_BROWSER") == "1":
+        pytest.fail(reason + ", and DDP_LAB_REQUIRE_BROWSER=1 asks for the browser tests")
+    pytest.skip(reason)
+
+
 @contextmanager
 def chromium_browser():
     """A launched Chromium (Playwright's Browser), or the test skips with the reason."""
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
-        pytest.skip("playwright is not installed (pip install -r requirements.txt)")
+        _missing("playwright is not installed (pip install -r requirements.txt)")
     path = find_chromium()
     if path is None:
-        pytest.skip("no Chromium found (apt-get install chromium, or set DDP_LAB_CHROMIUM)")
+        _missing("no Chromium found (apt-get install chromium, or set DDP_LAB_CHROMIUM)")
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=path, args=ARGS, headless=True)
         try:

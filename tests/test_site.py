@@ -65,3 +65,17 @@ def test_chromium_renders_every_page_with_its_figures(site):
             assert page.locator("details").count() == _folds(path), path.stem
         page.click('a[rel="prev"] >> nth=0')
         assert page.url.endswith(f"{NOTEBOOKS[-2].stem}.html")
+
+
+def test_without_chromium_the_browser_tests_skip_and_say_why(monkeypatch):
+    import chromium
+
+    monkeypatch.setattr(chromium, "find_chromium", lambda: None)
+    monkeypatch.delenv("DDP_LAB_REQUIRE_BROWSER", raising=False)
+    with pytest.raises(pytest.skip.Exception, match="no Chromium found"):
+        with chromium.chromium_browser():
+            pass
+    monkeypatch.setenv("DDP_LAB_REQUIRE_BROWSER", "1")
+    with pytest.raises(pytest.fail.Exception, match="DDP_LAB_REQUIRE_BROWSER=1"):
+        with chromium.chromium_browser():
+            pass
