@@ -12,35 +12,65 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 
-def tensor_drift(t) -> float:
+# ---- comparing ranks -------------------------------------------------------------------------
+# `named_drift` compares many tensors in one broadcast and one all-reduce; `tensor_drift` and
+# `module_drift` are its one-tensor and whole-module forms; `gather` is all_gather_object. The
+# doctor passes a process group of its own; lessons use the world's.
+def tensor_drift(t, group=None) -> float:
     """max |t_this_rank - t_rank0| over every element, the same on every rank (a collective)."""
-    import torch.distributed as dist
-
-    ref = t.detach().clone().float()
-    dist.broadcast(ref, src=0)
-    diff = (t.detach().float() - ref).abs().max()
-    dist.all_reduce(diff, op=dist.ReduceOp.MAX)
-    return float(diff)
-
-
-def named_drift(tensors: dict) -> dict[str, float]:
-    """`tensor_drift` of each named tensor, e.g. `dict(module.named_parameters())`."""
-    return {name: tensor_drift(t) for name, t in tensors.items()}
+    value = named_drift({"t": t}, group)["t"]
+    return float("inf") if value is None else value
 
 
 def module_drift(module) -> float:
     """The largest drift of any parameter or buffer of `module` between ranks (a collective)."""
     values = named_drift({**dict(module.named_parameters()), **dict(module.named_buffers())})
-    return max(values.values(), default=0.0)
+    return max((float("inf") if v is None else v for v in values.values()), default=0.0)
 
 
-def gather(obj) -> list:
-    """Every rank's `obj`, in rank order, on every rank (a collective)."""
+def gather(obj, group=None) -> list:
+    """Every rank's `obj`, in rank order, on every rank (a collective).
+
+    `obj` is pickled (names, shapes, small dicts); `group` is a process group, the world by
+    default. The doctor passes a gloo group of its own, so that a module whose collectives are
+    out of step with the other ranks cannot pair them with its comparisons. Tensors inside
+    `obj` travel through pickle too: send small ones only, and compare big ones with
+    `named_drift`."""
     import torch.distributed as dist
 
-    out = [None] * dist.get_world_size()
-    dist.all_gather_object(out, obj)
+    out = [None] * dist.get_world_size(group)
+    dist.all_gather_object(out, obj, group=group)
     return out
+
+
+def named_drift(tensors: dict, group=None) -> dict[str, float | None]:
+    """{name: max |this rank - rank 0|, the largest over ranks} for each named tensor, e.g.
+    `dict(module.named_parameters())`, in one broadcast and one all-reduce (a collective).
+    Equal infinities count as equal; a NaN counts as infinitely far. A name that some rank
+    lacks, or holds in another shape, maps to None."""
+    import torch
+    import torch.distributed as dist
+
+    shapes = {n: list(t.shape) for n, t in tensors.items()}
+    everyone = gather(shapes, group)
+    common = [n for n in tensors if all(s.get(n) == shapes[n] for s in everyone)]
+    result: dict = {n: None for s in everyone for n in s if n not in common}
+    if not common:
+        return result
+    dev = "cpu" if group is not None else tensors[common[0]].device  # the doctor's group is gloo
+    flat = torch.cat([tensors[n].detach().float().reshape(-1).to(dev) for n in common])
+    ref = flat.clone()
+    dist.broadcast(ref, src=0, group=group)
+    gap = torch.where(flat == ref, torch.zeros_like(flat), (flat - ref).abs())
+    diffs, start = [], 0
+    for n in common:
+        size = tensors[n].numel()
+        diffs.append(gap[start:start + size].max() if size else gap.new_zeros(()))
+        start += size
+    vec = torch.nan_to_num(torch.stack(diffs), nan=float("inf"))
+    dist.all_reduce(vec, op=dist.ReduceOp.MAX, group=group)
+    result.update({n: float(v) for n, v in zip(common, vec.tolist())})
+    return result
 
 
 def peak_rss_mb() -> float:

@@ -66,7 +66,9 @@ def doctor_cli(capsys, *argv):
 def test_clean_module_exits_0(models, capsys):
     status, out, _ = doctor_cli(capsys, f"{models}:TenLayers", "--input", "torch.randn(32, 64)")
     assert status == 0
-    assert out.strip() == "doctor: TenLayers (world size 2, 3 steps, ranks ok): no findings"
+    head, *notes = out.strip().splitlines()
+    assert head == "doctor: TenLayers (world size 2, 3 steps, ranks ok): no findings"
+    assert notes[0].startswith("  loss: the default") and "not exercised:" in out
 
 
 def test_errors_exit_1_and_json_has_the_findings(models, capsys):

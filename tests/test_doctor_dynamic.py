@@ -129,8 +129,9 @@ def test_parameter_created_in_forward():
     assert (f.severity, f.lesson) == ("error", "01")
     assert "created in forward: Parameter created at GateInForward.forward" in f.evidence[0]
     assert "registered (or replaced) during forward: gate" in f.evidence
-    crash = only(report, "unused-parameters")  # what DDP itself then says, on the 2nd step
-    assert "Parameters which did not receive grad for rank 0: .gate" in crash.evidence
+    # DDP wraps a fresh instance, as a training script does: it never sees `gate` (born at each
+    # forward, after DDP was built), so nothing fails -- the parameter is silently not trained.
+    assert report.status == "ok" and "unused-parameters" not in report.codes()
 
 
 def test_collective_in_forward_is_recorded_per_rank():

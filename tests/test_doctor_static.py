@@ -7,7 +7,7 @@ from torch import nn
 
 from ddp_lab.doctor import DoctorInputError, Finding, Report, doctor, static
 from ddp_lab.doctor.inputs import check_fit, default_loss, perturb, resolve_model
-from ddp_lab.doctor.walk import hidden, hidden_tensors
+from ddp_lab.modwalk import hidden, hidden_tensors
 
 
 class Messy(nn.Module):
@@ -161,7 +161,7 @@ def test_report_orders_renders_and_serialises():
     assert report.text(traces=True).count("| line") == 30
     data = json.loads(report.to_json())
     assert data["exit_status"] == 1 and data["findings"][0]["error_class"] == "parameter registration"
-    assert "<table" in report._repr_html_() and "<details>" in report._repr_html_()
+    assert "<table" in report._repr_html_() and "<details style=" in report._repr_html_()
     assert Report("Net", 2, 3).exit_status == 0
     with pytest.raises(ValueError, match="lesson must be one of"):
         Finding("error", "x", "11", "no such lesson")

@@ -17,6 +17,7 @@ from typing import Callable
 from .failures import DoctorBug
 from .inputs import DoctorInputError
 from .report import LESSONS, Finding, Report
+from .settings import check_ddp_kwargs, not_exercised, settings_note
 
 __all__ = ["doctor", "Report", "Finding", "DoctorInputError", "DoctorBug", "LESSONS"]
 GRACE = 2.0  # seconds the other ranks get after one fails before their stacks are taken
@@ -24,32 +25,44 @@ GRACE = 2.0  # seconds the other ranks get after one fails before their stacks a
 
 def doctor(model, example_input, *, world_size: int = 2, steps: int = 3,
            loss_fn: Callable | None = None, amp: str | None = None,
-           timeout: float = 60) -> Report:
+           ddp_kwargs: dict | None = None, timeout: float = 60) -> Report:
     """Diagnose `model` (an nn.Module class, a zero-argument factory, or an instance) fed with
     `example_input` (a tensor, a tuple of forward's positional arguments, a dict of its keyword
-    arguments, or a callable rank -> batch; a fixed input is perturbed per rank).
+    arguments, or a callable rank -> batch). A fixed input is perturbed per rank, and cut to
+    another length along a non-batch dimension on odd ranks where the module accepts one.
 
-    Without `loss_fn(output)` the loss is the sum of every floating-point tensor in the output
-    (tensor, tuple or dict), weighted element-wise by fixed random numbers. `amp` ("bf16" or
-    "fp16") runs forward under torch.autocast. `timeout` bounds the launch: a module that hangs
-    is reported with each rank's stack. Raises DoctorInputError (the CLI's exit status 2) when
-    the doctor cannot start: a factory that raises, an input that does not fit, no parameters;
-    DoctorBug (exit status 3) when the doctor's own code fails on a rank.
+    `loss_fn(output)` or `loss_fn(output, batch)` is your training loss; without it the loss
+    is every floating-point tensor of the output, weighted element-wise by fixed random numbers
+    (the report says so). `ddp_kwargs` are your DistributedDataParallel settings (e.g.
+    `{"find_unused_parameters": True}`): the module is judged under them. `steps` DDP training
+    steps are run. `amp` ("bf16" or "fp16") runs forward under torch.autocast. `timeout`
+    bounds the launch: a module that hangs is reported with each rank's stack. Raises
+    DoctorInputError (the CLI's exit status 2) when the doctor cannot start: a factory that
+    raises, an input that does not fit, no parameters, bad settings; DoctorBug (exit status 3)
+    when the doctor's own code fails on a rank.
     """
-    from . import inputs, static
+    from . import frames, inputs, shapes, static
 
     start = time.time()
     _check_args(world_size, steps, timeout)
     inputs.check_amp(amp)
+    inputs.check_loss(loss_fn)
+    settings = check_ddp_kwargs(ddp_kwargs)
     source = inputs.resolve_model(model)
     instance = inputs.first_instance(source)
     findings = static.check(instance)
     _check_trainable(instance, source.name, findings)
-    inputs.check_fit(instance, inputs.batch_for(example_input, 0), source.name, amp, loss_fn)
+    loss = inputs.Loss(loss_fn)
+    out = inputs.check_fit(instance, inputs.batch_for(example_input, 0), source.name, amp, loss_fn)
+    plan = shapes.plan(instance, example_input, amp) if world_size > 1 else None
+    where = frames.code_map(instance)
     del instance
-    run, dynamic = _run_ranks(source, example_input, world_size, steps, loss_fn, amp, timeout)
+    notes = [loss.describe(out), shapes.describe(example_input, plan, world_size),
+             settings_note(settings), not_exercised(steps, amp)]
+    run, dynamic = _run_ranks(source, example_input, world_size, steps, loss, amp, timeout,
+                              settings, plan, where)
     return Report(source.name, world_size, steps, amp, findings + dynamic, status=run.status,
-                  seconds=time.time() - start, run=run)
+                  seconds=time.time() - start, run=run, ddp_kwargs=settings, notes=notes)
 
 
 def _check_args(world_size, steps, timeout) -> None:
@@ -72,25 +85,52 @@ def _check_trainable(instance, name: str, findings: list[Finding]) -> None:
                            "for DDP to synchronise (DDP refuses such a module)")
 
 
-def _run_ranks(source, example, world_size, steps, loss_fn, amp, timeout):
+def _run_ranks(source, example, world_size, steps, loss, amp, timeout, settings, plan, where):
     from ..launcher import launch
     from .analyze import dry_findings
     from .dynamic import probe
     from .failures import failure_findings
     from .measure import measure_findings, step_collective_findings
+    from .mechanisms import mechanism_findings
     from .sync import records
 
-    # INFO (never DETAIL: DETAIL with DDP crashes ranks on some builds) makes DDP name the
-    # parameters that received no gradient in its error message.
-    run = launch(probe, source, example, steps=steps, loss_fn=loss_fn, amp=amp,
-                 world_size=world_size, timeout=timeout, grace=GRACE,
+    # INFO, not DETAIL: on this build a process group created under DETAIL crashes DDP (a bug
+    # of torch 2.13's wrapped group); INFO already makes DDP name the parameters without grad.
+    run = launch(probe, source, example, steps=steps, loss=loss, amp=amp, ddp_kwargs=settings,
+                 plan=plan, world_size=world_size, timeout=timeout, grace=GRACE,
                  env={"TORCH_DISTRIBUTED_DEBUG": "INFO"}, label="doctor")
     recs = [records(r.stdout) for r in run.ranks]
     unused = set().union(*[set((r.get("dry") or {}).get("unused", [])) for r in recs])
-    findings = dry_findings(recs, amp) + failure_findings(run, recs, amp)
+    mechanisms, explained = mechanism_findings(recs, steps)
+    findings = dry_findings(recs, amp, settings) + mechanisms
+    findings = _merge_failure(findings, failure_findings(run, recs, amp, where))
     if recs and recs[0]:
-        findings += measure_findings(recs[0], steps, unused) + step_collective_findings(recs)
+        findings += (measure_findings(recs[0], steps, unused, explained)
+                     + step_collective_findings(recs))
     return run, _dedupe(findings)
+
+
+def _merge_failure(findings: list[Finding], failures: list[Finding]) -> list[Finding]:
+    """An exception a mechanism finding already explains (DDP refusing ranks whose models
+    differ) joins that finding as evidence, with its trace, instead of standing alone."""
+    structural = [f for f in findings if f.code in STRUCTURAL]
+    shapes = [f for f in findings if f.code == "state-shape-follows-input" and "buffer" in f.title]
+    out = list(findings)
+    for f in failures:
+        if f.code in STRUCTURAL and structural:
+            target = structural[0]
+        elif shapes and any(s in f.trace for s in ("_pre_forward", "_sync_buffers", "_sync_module")):
+            target = shapes[0]  # DDP's buffer broadcast failed on the buffers' shapes
+        else:
+            out.append(f)
+            continue
+        target.severity = "error"
+        target.evidence += ["the run then failed: " + e.removeprefix("then ") for e in f.evidence]
+        target.trace = target.trace or f.trace
+    return out
+
+
+STRUCTURAL = ("model-differs-between-ranks", "requires-grad-differs-between-ranks")
 
 
 def _dedupe(findings: list[Finding]) -> list[Finding]:

@@ -11,13 +11,13 @@ def _per_rank(recs: list[dict], key: str) -> list:
     return [r.get(key) for r in recs]
 
 
-def dry_findings(recs: list[dict], amp: str | None) -> list[Finding]:
+def dry_findings(recs: list[dict], amp: str | None, settings: dict | None = None) -> list[Finding]:
     drys = [r["dry"] for r in recs if "dry" in r]
     if not drys:
         return []
     out = []
     out += _births(drys)
-    out += _unused(recs, drys)
+    out += _unused(recs, drys, settings or {})
     out += _collectives(drys)
     out += _factories(drys[0])
     out += _checkpoints(drys[0])
@@ -40,29 +40,55 @@ def _births(drys) -> list[Finding]:
         "create every parameter once, in __init__; in forward only use it")]
 
 
-def _unused(recs, drys) -> list[Finding]:
+FIND_UNUSED = "find_unused_parameters=True"
+
+
+def _unused(recs, drys, settings: dict) -> list[Finding]:
     sets = [tuple(d.get("unused", [])) for d in drys]
     if not any(sets):
         return []
     if len(set(sets)) > 1:
-        return [Finding(
-            "error", "rank-dependent-unused-parameters", "01",
-            "different parameters go unused on different ranks",
-            [f"rank {r}: {names(s) or 'none unused'}" for r, s in enumerate(sets)]
-            + ["DDP's reducer waits for a gradient that one rank never produces: the gradient "
-               "buckets and all-reduces no longer match between ranks"],
-            "make forward use the same parameters on every rank (no branches on rank or on "
-            "data that differs by rank), or DDP(find_unused_parameters=True)")]
+        return [_rank_dependent_unused(sets, settings)]
     messages = [m for m in _per_rank(recs, "unused_error") if m]
     ev = [f"no gradient on any rank: {names(sets[0])}"]
     ev += [f"PyTorch, on the 2nd step under a plain DDP: {_first(messages[0])}",
            _names_line(messages[0])] if messages else []
+    handled = [k for k in ("find_unused_parameters", "static_graph") if settings.get(k)]
+    if handled:
+        return [Finding(
+            "info", "unused-parameters", "01", f"{len(sets[0])} parameter(s) receive no "
+            f"gradient, which {handled[0]}=True (your setting) handles", ev,
+            "nothing to do under your settings; without them DDP fails on the second step")]
+    fails = ("DDP fails on the second step" if messages else
+             "a plain DDP did not fail here, but expects a gradient for each")
     return [Finding(
         "error", "unused-parameters", "01",
-        f"{len(sets[0])} parameter(s) receive no gradient: DDP fails on the second step",
-        [e for e in ev if e],
+        f"{len(sets[0])} parameter(s) receive no gradient: {fails}",
+        [e for e in ev if e] + [f"this finding goes away under {FIND_UNUSED} or "
+                                "static_graph=True (if the same ones are unused every step)"],
         "use every parameter in forward (or delete the unused ones); if some are truly unused "
         "on some steps, DDP(find_unused_parameters=True) (an extra graph traversal each step)")]
+
+
+def _rank_dependent_unused(sets, settings: dict) -> Finding:
+    ev = [f"rank {r}: {names(s) or 'none unused'}" for r, s in enumerate(sets)]
+    if settings.get("find_unused_parameters"):
+        return Finding(
+            "info", "rank-dependent-unused-parameters", "01",
+            f"different parameters go unused on different ranks, which {FIND_UNUSED} "
+            "(your setting) handles", ev + [
+                "DDP finds each step's unused parameters by walking the graph, and all-reduces "
+                "a zero gradient for them (LayerDrop, stochastic depth, expert routing)"],
+            "nothing to do under your settings; it costs one graph traversal per step")
+    return Finding(
+        "error", "rank-dependent-unused-parameters", "01",
+        "different parameters go unused on different ranks", ev
+        + ["DDP's reducer waits for a gradient that one rank never produces: the gradient "
+           "buckets and all-reduces no longer match between ranks",
+           f"this finding goes away under {FIND_UNUSED} (LayerDrop, stochastic depth and "
+           "expert routing need it)"],
+        "make forward use the same parameters on every rank (no branches on rank or on "
+        "data that differs by rank), or DDP(find_unused_parameters=True)")
 
 
 def _first(message: str) -> str:

@@ -16,6 +16,9 @@ class Rule:
 
 
 RULES = (
+    Rule(r"DDP expects same model across all ranks", "01", "model-differs-between-ranks",
+         "build the same module on every rank, with the same parameters trainable: no layer, "
+         "size or requires_grad that depends on the rank, the host or per-rank data"),
     Rule(r"Expected to have finished reduction|did not receive grad|find_unused_parameters",
          "01", "unused-parameters",
          "use every parameter in forward on every rank (or delete it); if some truly go unused, "

@@ -1,5 +1,6 @@
 """`ddp-lab doctor path/to/file.py:Name --input "torch.randn(8, 16)"` (also
-`python -m ddp_lab.doctor ...`). Exit status: 0 no error-level finding, 1 some, 2 bad input."""
+`python -m ddp_lab.doctor ...`). Exit status: 0 no error-level finding, 1 some, 2 bad input,
+3 the doctor itself failed."""
 from __future__ import annotations
 
 import argparse
@@ -10,10 +11,15 @@ EPILOG = """examples:
   ddp-lab doctor mymodel.py:Net --input "torch.randn(8, 16)"
   ddp-lab doctor mymodel.py:make_model --input "(torch.randn(4, 10, 32), torch.ones(4, 10))"
   ddp-lab doctor mymodel.py:Net --input make_batch --amp bf16 --json
+  ddp-lab doctor bert.py:Encoder --input "torch.randn(4, 12, 32)" \
+      --loss "lambda out, batch: out[0].pow(2).mean()" --ddp find_unused_parameters=True
 
---input is a Python expression evaluated with torch, nn, math and the file's own names: a
+--input is a Python expression evaluated with torch, nn, math, F and the file's own names: a
 tensor, a tuple (forward's positional arguments), a dict (its keyword arguments), or a
-function rank -> batch. Exit status: 0 no error found, 1 errors found, 2 bad input."""
+function rank -> batch. --loss is such an expression too: a function (output) or
+(output, batch) -> loss, your training loss (default: every floating-point output, weighted).
+--ddp gives your DistributedDataParallel settings, comma-separated NAME=VALUE (Python values).
+Exit status: 0 no error found, 1 errors found, 2 bad input, 3 the doctor itself failed."""
 
 
 def configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -21,6 +27,10 @@ def configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                                   "factory, or an instance)")
     p.add_argument("--input", dest="input_expr", required=True, metavar="EXPR",
                    help='example input, e.g. "torch.randn(8, 16)"')
+    p.add_argument("--loss", dest="loss_expr", metavar="EXPR",
+                   help='your loss, e.g. "lambda out, batch: out[0].mean()"')
+    p.add_argument("--ddp", dest="ddp_expr", metavar="NAME=VALUE,...",
+                   help="your DDP settings, e.g. find_unused_parameters=True,static_graph=False")
     p.add_argument("--world-size", type=int, default=2, help="ranks to run (default 2)")
     p.add_argument("--steps", type=int, default=3, help="DDP training steps (default 3)")
     p.add_argument("--amp", choices=("bf16", "fp16"), help="run forward under torch.autocast")
@@ -43,13 +53,16 @@ def run(args) -> int:
     from . import doctor
     from .failures import DoctorBug
     from .inputs import DoctorInputError
-    from .loader import eval_input, load_target
+    from .loader import eval_input, eval_loss, load_target, parse_ddp
 
     try:
         model, module = load_target(args.target)
         example = eval_input(args.input_expr, vars(module))
+        loss_fn = eval_loss(args.loss_expr, vars(module)) if args.loss_expr else None
+        settings = parse_ddp(args.ddp_expr) if args.ddp_expr else None
         report = doctor(model, example, world_size=args.world_size, steps=args.steps,
-                        amp=args.amp, timeout=args.timeout)
+                        amp=args.amp, timeout=args.timeout, loss_fn=loss_fn,
+                        ddp_kwargs=settings)
     except DoctorInputError as exc:
         print(f"ddp-lab doctor: {exc}", file=sys.stderr)
         return 2

@@ -8,6 +8,7 @@ import sysconfig
 
 from ..results import main_thread_frames, sanitize
 from .classify import classify
+from .frames import tidy
 from .report import Finding
 from .trace import _SKIP, short_file
 
@@ -29,17 +30,20 @@ def phase_of(rec: dict) -> str:
     return where
 
 
-def failure_findings(result, recs: list[dict], amp: str | None) -> list[Finding]:
+def failure_findings(result, recs: list[dict], amp: str | None,
+                     where: dict | None = None) -> list[Finding]:
+    """`where`: frames.code_map of the user's module, to name code shipped by value."""
     if result.ok:
         return []
-    if result.status == "error":
-        return [_exception(result, recs, amp)]
-    if result.status == "timeout" and not any(r.status in ("error", "crashed") for r in result.ranks):
-        return [_hang(result, recs)]
-    root = result.root_cause
-    if root.status == "error":
-        return [_exception(result, recs, amp)]
-    return [_crash(result, recs)]
+    if result.status == "error" or result.root_cause.status == "error":
+        found = _exception(result, recs, amp)
+    elif result.status == "timeout" and not any(r.status in ("error", "crashed")
+                                                for r in result.ranks):
+        found = _hang(result, recs, where)
+    else:
+        found = _crash(result, recs)
+    found.trace = tidy(found.trace, where)
+    return [found]
 
 
 class DoctorBug(RuntimeError):
@@ -87,14 +91,18 @@ def _names_line(message: str) -> str:
     return ""
 
 
-def user_frame_in(stack: str) -> str:
-    """The innermost frame of the main thread that is the user's code."""
+def user_frame_in(stack: str, where: dict | None = None) -> str:
+    """The innermost frame of the main thread that is the user's code; code shipped by value
+    (`<dynamic-code>`) is named by its file when `where` (frames.code_map) knows it."""
     for filename, func in main_thread_frames(stack):
         name = filename.replace("\\", "/")
         if (any(s in name for s in _SKIP) or "ddp_lab/_" in name or name == "<string>"
                 or name.startswith(_STDLIB)):
             continue
-        return f"{func}()" + ("" if name.startswith("<dynamic-code") else f" in {short_file(name)}")
+        if name.startswith("<dynamic-code"):
+            known = (where or {}).get(func)
+            return f"{func}()" + (f" in {short_file(known[0])}" if known else "")
+        return f"{func}() in {short_file(name)}"
     return ""
 
 
@@ -105,7 +113,7 @@ def _still_starting(result, recs) -> bool:
         "importlib._bootstrap" in _main_thread(r.stack) for r in stopped)
 
 
-def _hang(result, recs) -> Finding:
+def _hang(result, recs, where: dict | None = None) -> Finding:
     if _still_starting(result, recs):
         return Finding(
             "error", "ranks-too-slow-to-start", "06",
@@ -119,7 +127,7 @@ def _hang(result, recs) -> Finding:
     ev = []
     for r in result.ranks:
         if r.status == "timeout":
-            mine = user_frame_in(r.stack)
+            mine = user_frame_in(r.stack, where)
             where = ", ".join(x for x in (r.stuck_in(), f"called from {mine}" if mine else "") if x)
             ev.append(f"rank {r.rank} stuck {phase_of(recs[r.rank])}: {where or 'see its stack'}"
                       + _forward_calls(recs[r.rank]))
@@ -153,7 +161,9 @@ def _main_thread(stack: str) -> str:
 
 def _crash(result, recs) -> Finding:
     root = result.root_cause
-    tail = "\n".join(sanitize(root.stderr).strip().splitlines()[-15:])
+    lines = [ln for ln in sanitize(root.stderr).strip().splitlines()
+             if not ln.startswith("Extension modules:")]
+    tail = "\n".join(lines[-15:])
     ev = [f"rank {root.rank} {root.headline} {phase_of(recs[root.rank])}"]
     ev += [f"then rank {r.rank}: {brief(r.headline)}" for r in result.failures[1:]]
     lesson, code, fix = classify(tail)

@@ -1,7 +1,8 @@
 """What the doctor is given, made uniform: the model (a class, a zero-argument factory or an
 instance), the example input (a tensor, a tuple of positional arguments, a dict of keyword
-arguments, or a callable rank -> batch), the loss, and autocast. Also loading
-Loading `path/to/file.py:Name` for the CLI is in loader.py."""
+arguments, or a callable rank -> batch) and how its shape may vary between ranks, the loss, the
+user's DDP settings, and autocast. (Loading `path/to/file.py:Name` for the CLI is loader.py's
+job.)"""
 from __future__ import annotations
 
 import copy
@@ -115,7 +116,7 @@ def perturb(value, rank: int):
 
 
 def batch_for(example, rank: int):
-    """The batch rank `rank` feeds the model."""
+    """The batch rank `rank` feeds the model (shapes.rank_batch may then cut its length)."""
     return example(rank) if callable(example) else perturb(example, rank)
 
 
@@ -169,7 +170,7 @@ def floating_tensors(output):
             yield from floating_tensors(o)
 
 
-def default_loss(output):
+def default_loss(output, batch=None):
     """The sum of every floating-point tensor in the output, each element weighted by a fixed
     random sign-and-size (the same on every rank). A plain sum would give the layers before a
     LayerNorm or BatchNorm exactly zero gradient, and the doctor would see them as frozen."""
@@ -185,6 +186,46 @@ def default_loss(output):
     return total
 
 
+class Loss:
+    """The loss a rank computes: the user's `loss_fn(output)` or `loss_fn(output, batch)`, or
+    the default. Picklable, so it travels to the ranks."""
+
+    def __init__(self, fn: Callable | None = None):
+        self.fn = fn
+        self.takes_batch = fn is not None and _positional_count(fn) >= 2
+
+    def __call__(self, output, batch):
+        if self.fn is None:
+            return default_loss(output)
+        return self.fn(output, batch) if self.takes_batch else self.fn(output)
+
+    def describe(self, output) -> str:
+        if self.fn is not None:
+            return ("loss: the loss you gave (loss_fn): outputs it ignores show as parameters "
+                    "without gradient")
+        n = len(list(floating_tensors(output)))
+        return (f"loss: the default, every floating-point tensor of the output ({n} tensor"
+                f"{'' if n == 1 else 's'}) weighted by fixed random numbers; an output your "
+                "training loss ignores (a pooler, an auxiliary head) counts as used here: pass "
+                "loss_fn (--loss) to check with yours")
+
+
+def _positional_count(fn) -> int:
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return 1
+    if any(p.kind is p.VAR_POSITIONAL for p in params):
+        return 2
+    return sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params)
+
+
+def check_loss(loss_fn) -> None:
+    if loss_fn is not None and not callable(loss_fn):
+        raise DoctorInputError(f"loss_fn must be a callable (output) or (output, batch) -> loss, "
+                               f"got {type(loss_fn).__name__}")
+
+
 # ---- checking that the input fits, before any rank starts --------------------------------------
 
 def is_fit_error(exc: BaseException, batch) -> bool:
@@ -195,39 +236,46 @@ def is_fit_error(exc: BaseException, batch) -> bool:
         return False
     if isinstance(exc, TypeError) and re.search(r"positional argument|keyword argument|missing", msg):
         return True
-    ints = [t for t in _tensors(batch) if not t.is_floating_point()]
+    ints = [t for t in tensors_in(batch) if not t.is_floating_point()]
     if ints and ("dtype" in msg or "scalar type" in msg):
         return True
     return isinstance(exc, (RuntimeError, ValueError, IndexError)) and bool(_FIT.search(msg))
 
 
-def _tensors(batch):
+def tensors_in(batch):
     import torch
 
     if isinstance(batch, torch.Tensor):
         yield batch
     elif isinstance(batch, (tuple, list)):
         for b in batch:
-            yield from _tensors(b)
+            yield from tensors_in(b)
     elif isinstance(batch, dict):
         for b in batch.values():
-            yield from _tensors(b)
+            yield from tensors_in(b)
 
 
-def check_fit(model, batch, name: str, amp: str | None, loss_fn: Callable | None) -> None:
-    """Run one forward pass here, without gradients; raise DoctorInputError when the input does
-    not fit the module (the module's own bugs are left for the ranks to show)."""
+def forward_here(model, batch, amp: str | None):
+    """One forward pass in this process, without gradients or warnings."""
     import torch
 
+    with torch.no_grad(), autocast(amp, "cpu"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the ranks report PyTorch's warnings
+        return call(model, batch)
+
+
+def check_fit(model, batch, name: str, amp: str | None, loss_fn: Callable | None):
+    """Run one forward pass here, without gradients; raise DoctorInputError when the input does
+    not fit the module (the module's own bugs are left for the ranks to show). Returns the
+    output (None when forward raised another error)."""
     try:
-        with torch.no_grad(), autocast(amp, "cpu"), warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # the ranks report PyTorch's warnings
-            out = call(model, batch)
+        out = forward_here(model, batch, amp)
     except Exception as exc:
         if is_fit_error(exc, batch):
             raise DoctorInputError(f"the input does not fit {name}: {type(exc).__name__}: {exc}\n"
                                    + _last_frames(exc)) from exc
-        return
+        return None
     if loss_fn is None and not list(floating_tensors(out)):
         raise DoctorInputError(f"{name}'s output ({type(out).__name__}) holds no floating-point "
                                "tensor to build a loss from: pass loss_fn")
+    return out

@@ -52,15 +52,43 @@ def candidates(module) -> list[str]:
             and issubclass(v, nn.Module) and v.__module__ == module.__name__]
 
 
-def eval_input(expr: str, namespace: dict | None = None):
-    """`--input "torch.randn(8, 16)"`: evaluated with torch, nn, math and the file's names."""
+def eval_input(expr: str, namespace: dict | None = None, option: str = "--input"):
+    """`--input "torch.randn(8, 16)"`: evaluated with torch, nn, F, math and the file's names."""
     import math
 
     import torch
     import torch.nn as nn
+    import torch.nn.functional as F
 
-    scope = dict(namespace or {}, torch=torch, nn=nn, math=math)
+    scope = dict(namespace or {}, torch=torch, nn=nn, F=F, math=math)
     try:
         return eval(expr, scope)  # noqa: S307 - the user's own expression, on their own machine
     except Exception as exc:
-        raise DoctorInputError(f"--input {expr!r} raised {type(exc).__name__}: {exc}") from exc
+        raise DoctorInputError(f"{option} {expr!r} raised {type(exc).__name__}: {exc}") from exc
+
+
+def eval_loss(expr: str, namespace: dict | None = None):
+    """`--loss "lambda out, batch: out[0].mean()"`: a callable (output[, batch]) -> loss."""
+    fn = eval_input(expr, namespace, "--loss")
+    if not callable(fn):
+        raise DoctorInputError(f"--loss {expr!r} gives a {type(fn).__name__}, not a function "
+                               "(output) or (output, batch) -> loss")
+    return fn
+
+
+def parse_ddp(text: str) -> dict:
+    """`--ddp find_unused_parameters=True,bucket_cap_mb=25` -> a dict of Python values; the
+    names are checked against DDP's signature by the doctor."""
+    import ast
+
+    out = {}
+    for item in re.split(r",(?=\s*\w+\s*=)", text):
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip().isidentifier():
+            raise DoctorInputError(f"--ddp takes NAME=VALUE pairs separated by commas, got {item!r}")
+        try:
+            out[name.strip()] = ast.literal_eval(value.strip())
+        except (ValueError, SyntaxError) as exc:
+            raise DoctorInputError(f"--ddp {name.strip()}={value.strip()}: not a Python value "
+                                   "(True, False, a number, a string in quotes)") from exc
+    return out

@@ -21,15 +21,25 @@ def _fmt(items) -> list[str]:
             for n, d in items[:8]] + ([f"(and {len(items) - 8} more)"] if len(items) > 8 else [])
 
 
-def measure_findings(rec0: dict, steps: int, unused: set[str]) -> list[Finding]:
+def measure_findings(rec0: dict, steps: int, unused: set[str],
+                     explained: dict[str, set] | None = None) -> list[Finding]:
+    """`explained`: {state kind: names} a mechanism finding already accounts for."""
     bn_sizes = (rec0.get("dry") or {}).get("batchnorm", {})
-    out = _drift(rec0.get("drift_start"), "after DDP was built", bn_sizes)
-    later = _drift(rec0.get("drift_end"), f"after {steps} step(s)", bn_sizes,
-                   skip=rec0.get("drift_start"))
+    start = _without(rec0.get("drift_start"), explained)
+    out = _drift(start, "after DDP was built", bn_sizes)
+    later = _drift(_without(rec0.get("drift_end"), explained), f"after {steps} step(s)", bn_sizes,
+                   skip=start)
     out += _fold(out, later, f"after {steps} step(s) also")
     out += _unchanged(rec0.get("unchanged"), unused, steps)
     out += _nonfinite(rec0)
     return out
+
+
+def _without(table: dict | None, explained: dict[str, set] | None) -> dict | None:
+    if not table or not explained:
+        return table
+    return {k: {n: d for n, d in v.items() if n not in explained.get(k, ())}
+            for k, v in table.items()}
 
 
 def _fold(first: list[Finding], later: list[Finding], prefix: str) -> list[Finding]:
@@ -56,8 +66,9 @@ def _drift(table: dict | None, when: str, bn_sizes: dict, skip: dict | None = No
             "error", "parameters-differ-between-ranks", "01",
             f"{len(params)} parameter(s) differ between ranks {when}", _fmt(params)
             + ["DDP keeps registered parameters equal (same start, averaged gradients): these "
-               "escape it (created or replaced outside __init__, or edited in place by rank)"],
-            "register every parameter in __init__ and update it only through gradients"))
+               "escaped it, by a way the doctor did not observe (not written in forward or "
+               "backward, not frozen by rank): look for in-place edits outside the optimizer"],
+            "update parameters only through the optimizer, identically on every rank"))
     hidden = [x for x in _drifted(table.get("unregistered"))
               if x[0] not in seen.get("unregistered", ())]
     if hidden:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from contextlib import ExitStack, contextmanager
 
-from .walk import _base_attrs, _is_torch_class
+from ..modwalk import base_attrs, is_torch_class
 
 
 def _rng_state(dev_type: str):
@@ -108,12 +108,12 @@ def _fingerprint(value):
 def module_state(model) -> dict:
     """A cheap fingerprint of what a module keeps between calls: its own (non-torch) modules'
     plain attributes, and every buffer's version counter."""
-    base, out = _base_attrs(), {}
+    base, out = base_attrs(), {}
     for mod_name, m in model.named_modules():
         prefix = f"{mod_name}." if mod_name else ""
         for name, buf in m.named_buffers(recurse=False):
             out[prefix + name] = ("tensor", tuple(buf.shape), buf._version, buf.data_ptr())
-        if _is_torch_class(m):
+        if is_torch_class(m):
             continue
         for attr, value in vars(m).items():
             if attr not in base and (fp := _fingerprint(value)) is not None:

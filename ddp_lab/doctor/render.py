@@ -5,7 +5,7 @@ import html
 import textwrap
 
 MARK = {"error": "ERROR", "warning": "WARN ", "info": "info "}
-COLOUR = {"error": "#c0392b", "warning": "#d68910", "info": "#2471a3"}
+COLOUR = {"error": "#e74c3c", "warning": "#e67e22", "info": "#3498db"}  # legible on light and dark
 TRACE_LINES = 12  # lines of a trace shown in text (the JSON has all of it)
 
 
@@ -36,6 +36,8 @@ def finding_text(f, traces: bool = False) -> list[str]:
 
 def report_text(report, traces: bool = False) -> str:
     lines = [report.summary()]
+    for note in report.notes:
+        lines += _wrap(note, "  ", "    ")
     for f in report.findings:
         lines += [""] + finding_text(f, traces)
     return "\n".join(lines)
@@ -45,23 +47,41 @@ def _cell(text: str) -> str:
     return html.escape(text).replace("\n", "<br>")
 
 
+# Every cell carries its own style: JupyterLab's CSS right-aligns table cells and centres headers,
+# and colours come from the theme (inherit), so the table reads the same in light and dark themes.
+_CELL = ("text-align:left;vertical-align:top;padding:4px 8px;"
+         "border-bottom:1px solid rgba(128,128,128,0.35);color:inherit;background:transparent")
+_HEAD = _CELL + ";font-weight:bold;border-bottom:2px solid rgba(128,128,128,0.6)"
+_NOWRAP = "white-space:nowrap"
+_LIST = "margin:0;padding-left:1.2em;text-align:left"
+
+
+def _td(content: str, extra: str = "") -> str:
+    return f"<td style='{_CELL}{';' + extra if extra else ''}'>{content}</td>"
+
+
 def _row(f) -> str:
-    ev = "".join(f"<li>{_cell(e)}</li>" for e in f.evidence)
-    ev = f"<ul style='margin:0;padding-left:1.2em'>{ev}</ul>" if ev else ""
+    ev = "".join(f"<li style='text-align:left'>{_cell(e)}</li>" for e in f.evidence)
+    ev = f"<ul style='{_LIST}'>{ev}</ul>" if ev else ""
     if f.trace:
-        ev += (f"<details><summary>trace</summary><pre style='font-size:85%'>"
-               f"{html.escape(f.trace)}</pre></details>")
+        ev += (f"<details style='text-align:left'><summary>trace</summary><pre style='font-size:"
+               f"85%;text-align:left;white-space:pre-wrap'>{html.escape(f.trace)}</pre></details>")
     sev = f"<b style='color:{COLOUR[f.severity]}'>{f.severity}</b>"
-    return (f"<tr><td>{sev}</td><td>{f.lesson}<br><small>{_cell(f.error_class)}</small></td>"
-            f"<td><code>{_cell(f.code)}</code><br>{_cell(f.title)}</td>"
-            f"<td style='text-align:left'>{ev}</td><td style='text-align:left'>{_cell(f.fix)}</td></tr>")
+    lesson = f"{f.lesson}<br><small>{_cell(f.error_class)}</small>"
+    finding = f"<code style='{_NOWRAP}'>{_cell(f.code)}</code><br>{_cell(f.title)}"
+    return (f"<tr>{_td(sev, _NOWRAP)}{_td(lesson, 'min-width:7em')}{_td(finding, 'min-width:14em')}"
+            f"{_td(ev)}{_td(_cell(f.fix), 'min-width:12em')}</tr>")
 
 
 def report_html(report) -> str:
-    head = f"<p><b>{_cell(report.summary())}</b></p>"
+    head = f"<p style='text-align:left'><b>{_cell(report.summary())}</b></p>"
+    if report.notes:
+        notes = "".join(f"<li>{_cell(n)}</li>" for n in report.notes)
+        head += f"<ul style='{_LIST};font-size:90%'>{notes}</ul>"
     if not report.findings:
         return head
-    cols = "".join(f"<th>{c}</th>" for c in ("severity", "lesson", "finding", "evidence", "fix"))
+    cols = "".join(f"<th style='{_HEAD}'>{c}</th>"
+                   for c in ("severity", "lesson", "finding", "evidence", "fix"))
     rows = "".join(_row(f) for f in report.findings)
-    return (f"{head}<table style='border-collapse:collapse;text-align:left'>"
+    return (f"{head}<table style='border-collapse:collapse;text-align:left;margin:0;table-layout:auto'>"
             f"<thead><tr>{cols}</tr></thead><tbody>{rows}</tbody></table>")

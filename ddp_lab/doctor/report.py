@@ -4,18 +4,39 @@ torch, and its text is deterministic (no times, ports, PIDs or machine paths).""
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
+from functools import lru_cache
 from typing import Any
 
 SEVERITIES = ("error", "warning", "info")
-# The error class each lesson teaches (COURSE.md numbering; the CLI and the issues use it too).
-LESSONS = {
-    "01": "parameter registration", "02": "device and dtype",
-    "03": "process groups and deadlocks", "04": "mixed precision",
-    "05": "gradients and checkpointing", "06": "logging and debugging",
-    "07": "data across ranks", "08": "buffers and BatchNorm",
-    "09": "saving and loading", "10": "gradient accumulation",
-}
+
+
+@lru_cache(maxsize=1)
+def _error_classes() -> dict[str, str]:
+    from ..registry import lessons  # the doctor reads the registry; never the reverse
+
+    return {lid: lesson.error_class for lid, lesson in lessons().items() if lesson.error_class}
+
+
+class _Lessons(Mapping):
+    """{lesson id: the error class it teaches}, read from the registry (each `Lesson`'s
+    `error_class`) the first time it is needed: importing or unpickling a report stays cheap."""
+
+    def __getitem__(self, key: str) -> str:
+        return _error_classes()[key]
+
+    def __iter__(self):
+        return iter(_error_classes())
+
+    def __len__(self) -> int:
+        return len(_error_classes())
+
+    def __repr__(self) -> str:
+        return repr(_error_classes())
+
+
+LESSONS = _Lessons()
 
 
 @dataclass
@@ -60,6 +81,8 @@ class Report:
     status: str = "ok"  # how the ranks' run ended: ok / error / timeout / crashed / skipped
     seconds: float = 0.0  # wall time of the whole check (not shown: it varies)
     run: Any = field(default=None, repr=False, compare=False)  # the RunResult of the ranks
+    ddp_kwargs: dict = field(default_factory=dict)  # the DDP settings the module was judged under
+    notes: list[str] = field(default_factory=list)  # what the run assumed and did not exercise
 
     def __post_init__(self):
         order = {s: i for i, s in enumerate(SEVERITIES)}
@@ -95,14 +118,16 @@ class Report:
         counts = [(len(self.of(s)), s) for s in SEVERITIES]
         parts = [f"{n} {s}{'' if n == 1 else 's'}" for n, s in counts if n]
         amp = f", autocast {self.amp}" if self.amp else ""
+        ddp = "".join(f", {k}={v!r}" for k, v in self.ddp_kwargs.items())
         head = (f"doctor: {self.target} (world size {self.world_size}, {self.steps} "
-                f"step{'' if self.steps == 1 else 's'}{amp}, ranks {self.status})")
+                f"step{'' if self.steps == 1 else 's'}{amp}{ddp}, ranks {self.status})")
         return f"{head}: {', '.join(parts) if parts else 'no findings'}"
 
     def to_dict(self) -> dict[str, Any]:
         return {"target": self.target, "world_size": self.world_size, "steps": self.steps,
-                "amp": self.amp, "status": self.status, "exit_status": self.exit_status,
-                "seconds": round(self.seconds, 3),
+                "amp": self.amp, "ddp_kwargs": self.ddp_kwargs, "status": self.status,
+                "exit_status": self.exit_status, "seconds": round(self.seconds, 3),
+                "notes": list(self.notes),
                 "findings": [f.to_dict() for f in self.findings]}
 
     def to_json(self, indent: int | None = 2) -> str:

@@ -1,8 +1,9 @@
 """Lesson 01: parameters that are not registered, parameters that are not used, and what
 DataParallel and DistributedDataParallel each do with them.
 
-The modules are in `modules.py`, the per-rank code in `runs.py`, the walker that finds every
-tensor a module holds (registered or not) in `inventory.py`.
+The modules are in `modules.py`, the per-rank code in `runs.py`. The walker that finds every
+tensor a module holds (registered or not) is `ddp_lab.modwalk`, shared with the doctor; the
+notebook reads it as `inventory`.
 """
 from __future__ import annotations
 
@@ -10,12 +11,13 @@ from dataclasses import replace
 
 import torch
 
+from ... import modwalk as inventory
 from ...registry import Expect, Lesson, ModuleCase, Scenario, Variant
 from . import modules as m
 from .figures import figures
 from .runs import find_unused_cost, train, who_runs_forward
 
-__all__ = ["LESSON", "train", "who_runs_forward", "find_unused_cost", "WITH_DEBUG_INFO",
+__all__ = ["LESSON", "inventory", "train", "who_runs_forward", "find_unused_cost", "WITH_DEBUG_INFO",
            "WITH_DEBUG_DETAIL", "FIND_UNUSED", "STATIC_GRAPH"]
 
 # With two GPUs, 2 ranks run on NCCL and CUDA: a tensor that `.to()` does not move then fails

@@ -16,7 +16,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ...probes import tensor_drift
 from ...rankinfo import ddp_kwargs, device, rank_info
-from .inventory import trainable, unregistered
+from ...modwalk import trainable, unregistered
 from .modules import AuxHeadNet, AuxHeadNetFixed, FEATURES, GainNet, example_batch
 
 

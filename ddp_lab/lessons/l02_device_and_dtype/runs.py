@@ -13,7 +13,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ...probes import tensor_drift
 from ...rankinfo import ddp_kwargs, device, rank_info
-from ..l01_parameter_registration.inventory import find_tensors, table
+from ...modwalk import find_tensors, table
 from .modules import PositionalNet, RandomFeatures, SourceModule, example_batch
 
 

@@ -1,0 +1,77 @@
+"""Stacks and tracebacks as the user should read them: the doctor's own frames (its probe, its
+watchers, the launcher's fork server) folded into one line, and code that travelled to the ranks
+by value (`<dynamic-code-...>`: a notebook cell, a file loaded by the CLI) named by its file
+and line again, which this process still knows."""
+from __future__ import annotations
+
+import inspect
+import linecache
+import re
+
+OWN = ("ddp_lab/doctor/", "ddp_lab/probes.py", "ddp_lab/_forkserver.py", "ddp_lab/_rank.py",
+       "ddp_lab/_procs.py", "ddp_lab/launcher.py", "ddp_lab/modwalk.py", '"<string>"')
+_FRAME = re.compile(r'^(\s*)File "([^"]+)", line (\d+)(,?) in (\S+)')
+FOLDED = "... (the doctor's own frames)"
+
+
+def code_map(model) -> dict[str, tuple[str, int, int]]:
+    """{function name: (file, first line, last line)} of the user's own module classes."""
+    out: dict[str, tuple[str, int, int]] = {}
+    for m in model.modules():
+        for cls in type(m).__mro__:
+            if cls.__module__.split(".")[0] in ("torch", "builtins"):
+                continue
+            for fn in vars(cls).values():
+                code = getattr(getattr(fn, "__func__", fn), "__code__", None)
+                if code is None:
+                    continue
+                try:
+                    lines, first = inspect.getsourcelines(code)
+                except (OSError, TypeError):
+                    continue
+                out.setdefault(code.co_name, (code.co_filename, first, first + len(lines) - 1))
+    return out
+
+
+def _named(match, where: dict) -> tuple[str, str]:
+    """The frame's line with its file restored, and the source line (or "")."""
+    from .trace import short_file
+
+    indent, filename, line, comma, func = match.groups()
+    if filename.startswith("<dynamic-code") and func in where:
+        path, first, last = where[func]
+        if first <= int(line) <= last:
+            code = linecache.getline(path, int(line)).strip()
+            return f'{indent}File "{short_file(path)}", line {line}{comma} in {func}', code
+    return match.group(0), ""
+
+
+def tidy(trace: str, where: dict | None = None) -> str:
+    """`trace` with the doctor's own frames folded and `<dynamic-code>` frames named."""
+    out, folding = [], False
+    lines = trace.splitlines()
+    i = 0
+    while i < len(lines):
+        m = _FRAME.match(lines[i])
+        if not m:
+            if not folding:
+                out.append(lines[i])
+            i += 1
+            continue
+        body = [lines[i]]
+        i += 1
+        while i < len(lines) and not _FRAME.match(lines[i]) and lines[i].startswith(m.group(1) + "  "):
+            body.append(lines[i])
+            i += 1
+        if any(s in m.group(2) or s.strip('"') == m.group(2) for s in OWN):
+            if not folding:
+                out.append(m.group(1) + FOLDED)
+            folding = True
+            continue
+        folding = False
+        head, code = _named(m, where or {})
+        out.append(head + m.string[m.end():])
+        if code and len(body) == 1:
+            out.append(f"{m.group(1)}    {code}")
+        out += body[1:]
+    return "\n".join(out)
