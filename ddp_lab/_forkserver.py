@@ -4,8 +4,10 @@ with nothing of the notebook's state.
 
 Protocol over a socketpair, length-prefixed pickles:
   client -> server  {"spawn": spec_path}          server -> client  {"spawned": spec_path, "pid": pid}
-                                                   server -> client  {"exit": pid, "status": waitstatus}
-                                                   server -> client  {"warm": True} (all preloaded)
+  client -> server  {"preload": [module names]}   server -> client  {"exit": pid, "status": waitstatus}
+                                                   server -> client  {"warm": n} (all preloaded, after
+                                                                      n preload requests)
+The server knows nothing of what it preloads beyond module names: its callers choose them.
 The server exits when the client's end closes (its parent died or it shut the server down), and
 kills the process groups of the children it still has.
 """
@@ -83,23 +85,30 @@ def serve(fd: int, later=()) -> None:
     sel.register(sock, selectors.EVENT_READ)
     sel.register(wakeup_r, selectors.EVENT_READ)
     later = list(later)
+    requests = 0  # preload requests received
     if not later:
-        send(sock, {"warm": True})
+        send(sock, {"warm": requests})
     try:
         while True:
             events = sel.select(timeout=0.05 if later else None)
             if not events and later:
                 _preload(later.pop(0))  # idle: warm one more module, between requests
                 if not later:
-                    send(sock, {"warm": True})
+                    send(sock, {"warm": requests})
             for key, _ in events:
-                if key.fileobj is sock:
-                    request = recv(sock)
-                    pid = _fork_rank(sock, wakeup_r, request["spawn"])
-                    children.add(pid)
-                    send(sock, {"spawned": request["spawn"], "pid": pid})
-                else:
+                if key.fileobj is not sock:
                     os.read(wakeup_r, 4096)
+                    continue
+                request = recv(sock)
+                if "preload" in request:
+                    requests += 1
+                    later += [m for m in request["preload"] if m not in sys.modules]
+                    if not later:
+                        send(sock, {"warm": requests})
+                    continue
+                pid = _fork_rank(sock, wakeup_r, request["spawn"])
+                children.add(pid)
+                send(sock, {"spawned": request["spawn"], "pid": pid})
             _reap(sock, children)
     except (EOFError, ConnectionError, OSError):
         pass
@@ -123,12 +132,7 @@ def _preload(name: str) -> None:
     import gc
 
     try:
-        if name == "@lessons":
-            from ddp_lab.registry import lessons
-
-            lessons()
-        else:
-            __import__(name)
+        __import__(name)
     except Exception:
         pass  # a rank that needs it will raise the real import error itself
     gc.collect()

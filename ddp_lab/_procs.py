@@ -14,11 +14,18 @@ import threading
 
 from . import _forkserver
 
-# Imported before the server takes its first request, then (while it is idle) what DDP and the
-# lessons import on first use: torch._dynamo alone costs a rank ~1.5 s otherwise.
+# Module names only. Imported before the server takes its first request, then (while it is
+# idle) what DDP imports on first use: torch._dynamo alone costs a rank ~1.5 s otherwise. A rank
+# that was not forked from a warm server imports PRELOAD_IDLE itself before its clock starts.
+# Callers add their own modules with `prewarm(modules=...)`; `launch` adds the launched
+# function's module, so the next launch of it starts warm.
 PRELOAD = ("torch", "torch.distributed", "cloudpickle", "ddp_lab._rank")
 PRELOAD_IDLE = ("torch.nn.parallel", "torch.optim", "torch._dynamo", "torch.utils.checkpoint",
-                "torch.distributed.algorithms.join", "ddp_lab.registry", "ddp_lab.probes", "@lessons", "ddp_lab.doctor.dynamic")
+                "torch.distributed.algorithms.join")
+
+
+class ServerDied(RuntimeError):
+    """The fork server went away (killed, out of memory) before it started a rank."""
 
 
 def _kill_group(pid: int) -> None:
@@ -50,7 +57,8 @@ class _ForkServer:
         self.exits: dict[int, int] = {}
         self.spawned: dict[str, int] = {}
         self.alive = True
-        self.warm = False  # every module preloaded
+        self.preloads_sent = 0  # preload requests sent; the server answers each with "warm"
+        self.warm_for = -1  # the number of preload requests the server had when last all warm
         threading.Thread(target=self._read, name="ddp-lab-forkserver", daemon=True).start()
 
     def _read(self) -> None:
@@ -61,7 +69,7 @@ class _ForkServer:
                     if "exit" in msg:
                         self.exits[msg["exit"]] = os.waitstatus_to_exitcode(msg["status"])
                     elif "warm" in msg:
-                        self.warm = True
+                        self.warm_for = msg["warm"]
                     else:
                         self.spawned[msg["spawned"]] = msg["pid"]
                     self.changed.notify_all()
@@ -70,16 +78,37 @@ class _ForkServer:
                 self.alive = False
                 self.changed.notify_all()
 
+    @property
+    def warm(self) -> bool:
+        """Every module asked for so far is preloaded."""
+        return self.warm_for == self.preloads_sent
+
+    def _send(self, msg: dict) -> None:
+        try:
+            with self.lock:
+                _forkserver.send(self.sock, msg)
+        except OSError as exc:
+            with self.changed:
+                self.alive = False
+            raise ServerDied("the ddp_lab fork server has gone away") from exc
+
     def spawn(self, spec_path: str, timeout: float) -> "ForkedRank":
-        with self.lock:
-            _forkserver.send(self.sock, {"spawn": spec_path})
+        self._send({"spawn": spec_path})
         with self.changed:
-            ok = self.changed.wait_for(lambda: spec_path in self.spawned or not self.alive, timeout)
-            if not ok or spec_path not in self.spawned:
-                raise RuntimeError(f"the ddp_lab fork server did not start a rank within {timeout:g} s "
-                                   "(it may have died, or the machine is overloaded); run again, or "
-                                   "pass start_method='spawn'")
-            return ForkedRank(self, self.spawned.pop(spec_path))
+            self.changed.wait_for(lambda: spec_path in self.spawned or not self.alive, timeout)
+            if spec_path in self.spawned:
+                return ForkedRank(self, self.spawned.pop(spec_path))
+            if not self.alive:
+                raise ServerDied("the ddp_lab fork server died before it started a rank")
+            raise RuntimeError(f"the ddp_lab fork server did not start a rank within {timeout:g} s "
+                               "(the machine may be overloaded); run again, or pass "
+                               "start_method='spawn'")
+
+    def preload(self, modules) -> None:
+        """Ask the server to import `modules` (names) when it is idle."""
+        with self.changed:
+            self.preloads_sent += 1
+        self._send({"preload": list(modules)})
 
     def wait_warm(self, timeout: float) -> bool:
         with self.changed:
@@ -156,18 +185,31 @@ def fork_server() -> _ForkServer:
     global _server
     with _server_lock:
         if _server is None or not _server.alive or _server.proc.poll() is not None:
+            if _server is not None:
+                _server.close()
             _server = _ForkServer({})
+            if _preloads:
+                _server.preload(_preloads)  # what callers asked the old one for
         return _server
 
 
-def prewarm(wait: bool = False, timeout: float = 120.0) -> bool:
-    """Start the fork server now (it preloads torch, then what DDP imports); with `wait`, block
-    until it has preloaded everything. Returns whether it is fully warm."""
+_preloads: list[str] = []  # every module a caller asked to preload, for a restarted server
+
+
+def prewarm(wait: bool = False, timeout: float = 120.0, modules=()) -> bool:
+    """Start the fork server now (it preloads torch, then what DDP imports, then `modules`, a
+    list of module names, e.g. a lesson's); with `wait`, block until it has preloaded all of
+    them. Returns whether it is fully warm. Nothing depends on it: a launch on a cold server
+    starts each rank's clock once that rank has imported what it needs."""
     from .rankinfo import in_torchrun
 
+    modules = [m for m in ([modules] if isinstance(modules, str) else modules) if m not in _preloads]
+    _preloads.extend(modules)
     if not forkserver_available() or in_torchrun():  # torchrun's ranks run scenarios in-process
         return False
     server = fork_server()
+    if modules:
+        server.preload(modules)
     return server.wait_warm(timeout) if wait else server.warm
 
 

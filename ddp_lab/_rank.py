@@ -85,6 +85,7 @@ def _error_record(exc: BaseException) -> dict:
     while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
         tb = tb.tb_next  # the traceback starts at the user's function, not in this file
     return {
+        "kind": "error",
         "type": type(exc).__name__,
         "message": str(exc),
         "traceback": "".join(traceback.format_exception(type(exc), exc, tb)),
@@ -99,14 +100,35 @@ def _write_result(path: str, record: dict) -> None:
     os.replace(tmp, path)
 
 
+def _preload(names) -> None:
+    """Import what a rank forked from a warm server already has (a cold or spawned rank pays
+    for it here, before its clock starts, not inside a 3 s deliberate hang)."""
+    import importlib
+
+    for name in names:
+        if name not in sys.modules:
+            try:
+                importlib.import_module(name)
+            except Exception:
+                pass  # the user's code that needs it raises the real import error itself
+
+
+def _mark_ready(path: str) -> None:
+    """Tell the launcher this rank is ready: its timeout counts from now."""
+    with open(path, "w") as f:
+        f.write(repr(time.time()))
+
+
 def _run(spec: dict) -> dict:
     import cloudpickle
 
     if "OMP_NUM_THREADS" not in os.environ and "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(spec["threads"])  # as torchrun: no oversubscription
     fn, args, kwargs = cloudpickle.loads(spec["payload"])
+    _preload(spec.get("preload", ()))
     if spec["init_process_group"]:
         _init_group(spec)
+    _mark_ready(spec["ready"])
     value = fn(*args, **kwargs)
     try:
         blob = cloudpickle.dumps(value)
@@ -115,7 +137,7 @@ def _run(spec: dict) -> dict:
             f"the function returned a {type(value).__name__} that cannot be pickled "
             f"back to the launcher ({exc}); return plain data instead"
         ) from exc
-    return {"value": blob}
+    return {"kind": "value", "value": blob}
 
 
 def child_main(spec_path: str) -> None:

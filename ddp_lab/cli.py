@@ -25,8 +25,9 @@ def cmd_run(args) -> int:
         for which in variants:
             result = scenario.run(which, world_size=args.world_size)
             if in_torchrun():  # this process is one rank of torchrun's group: report it alone
-                r = result.ranks[0]
-                print(f"[rank {rank_info().rank}] {scenario.key} {which}: {r.status} {r.headline}")
+                r, info = result.ranks[0], rank_info()
+                local = f" (local rank {info.local_rank})" if info.local_rank != info.rank else ""
+                print(f"[rank {info.rank}] {scenario.key} {which}: {r.status} {r.headline}{local}")
                 failed += r.status != scenario.variant(which).expect.status
                 continue
             problems = scenario.check(which, result)
@@ -110,6 +111,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    code = _main(argv)
+    if argv is None and in_torchrun():  # the command line, as one of torchrun's ranks
+        from .torchrun import end_rank
+
+        end_rank(code)  # no interpreter teardown: it can abort a gloo rank (see torchrun.py)
+    return code
+
+
+def _main(argv) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)

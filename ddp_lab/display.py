@@ -6,7 +6,7 @@ import html
 import inspect
 import textwrap
 
-from .results import RunResult, sanitize
+from ._sanitize import sanitize
 
 _COLOURS = {"ok": "#27ae60", "error": "#c0392b", "timeout": "#d68910", "crashed": "#7d3c98"}
 
@@ -22,7 +22,8 @@ def _details(summary: str, body: str) -> str:
             f'<pre style="max-height:20em;overflow:auto">{html.escape(sanitize(body))}</pre></details>')
 
 
-def run_result_html(result: RunResult) -> str:
+def run_result_html(result) -> str:
+    """The HTML table of a `RunResult` (results.py calls this; display never imports results)."""
     root = result.root_cause
     rows = []
     for r in result.ranks:

@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 from . import _procs
 from .rankinfo import in_torchrun
-from .results import ErrorInfo, RankResult, RunResult
+from .results import CRASHED, ERROR, OK, TIMEOUT, ErrorInfo, RankResult, RunResult
 
 BACKENDS = ("auto", "gloo", "nccl")
 START_METHODS = ("auto", "forkserver", "spawn")
@@ -27,6 +27,9 @@ IMPORT_TIME_VARS = ("TORCH_CPP_LOG_LEVEL", "TORCH_SHOW_CPP_STACKTRACES", "TORCH_
                     "OMP_NUM_THREADS", "MKL_NUM_THREADS", "GLOG_v", "GLOG_minloglevel")
 STACK_WAIT = 1.0  # seconds to let a rank write its stacks before it is killed
 PG_TIMEOUT_MARGIN = 10.0  # the process group's own timeout outlasts the launch's
+# A rank's clock starts when it is ready (imports and process-group set-up done). Until then it
+# is bounded by this start-up limit, generous for a loaded machine and a cold fork server.
+STARTUP_LIMIT = 120.0
 
 
 @dataclass
@@ -34,9 +37,30 @@ class _Rank:
     rank: int
     paths: dict[str, str]
     handle: Any = None
+    started_at: float = 0.0
+    ready_at: float | None = None  # when the rank said it was about to call the function
     exitcode: int | None = None
     ended_at: float | None = None
     stopped: str = ""  # why the launcher stopped it, if it did
+
+    def deadline(self, timeout: float) -> float:
+        if self.ready_at is None:
+            return self.started_at + STARTUP_LIMIT
+        return self.ready_at + timeout
+
+
+@dataclass(frozen=True)
+class _LaunchSpec:
+    """What every rank of one launch shares."""
+
+    workdir: str
+    payload: bytes
+    base_env: dict
+    backend: str
+    timeout: float
+    init_process_group: bool
+    start_method: str
+    world_size: int
 
 
 def launch(fn: Callable, *args, world_size: int = 2, backend: str = "auto", timeout: float = 60,
@@ -46,9 +70,12 @@ def launch(fn: Callable, *args, world_size: int = 2, backend: str = "auto", time
     """Run `fn(*args, **kwargs)` once per rank, each rank a fresh process, and return a
     `RunResult` with every rank's status, value or error, output and (if it hung) stack.
 
-    `timeout` bounds the ranks' run, counted once every rank has started (a cold fork server
-    first imports torch); ranks still running then have their stacks captured and are killed. After a rank fails, the others get `grace` seconds to finish or fail on
-    their own before they are stopped the same way.
+    `timeout` bounds each rank's run, counted from the moment that rank is ready (its imports
+    and process-group set-up done, just before it calls `fn`), so neither a cold fork server nor
+    a loaded machine eats into it; a rank that never gets ready is stopped `STARTUP_LIMIT` s
+    after it started. Once every running rank's time is up, their stacks are captured and they
+    are killed. After a rank fails, the others get `grace` seconds to finish or fail on their
+    own before they are stopped the same way.
     """
     _check_args(fn, world_size, timeout, env, start_method, grace)
     if in_torchrun():
@@ -66,19 +93,47 @@ def launch(fn: Callable, *args, world_size: int = 2, backend: str = "auto", time
     ranks: list[_Rank] = []
     start = time.time()
     try:
-        store = _rendezvous_store(timeout)
-        base_env = dict(os.environ, **env, **_rendezvous_env(world_size, store.port))
-        for r in range(world_size):
-            ranks.append(_start_rank(r, workdir, payload, base_env, backend, timeout,
-                                     init_process_group, start_method, world_size))
-        _watch(ranks, time.time() + timeout, grace)  # counted from when every rank is started
+        for attempt in (1, 2):
+            store = _rendezvous_store(timeout)
+            spec = _LaunchSpec(os.path.join(workdir, str(attempt)), payload,
+                               dict(os.environ, **env, **_rendezvous_env(world_size, store.port)),
+                               backend, timeout, init_process_group, start_method, world_size)
+            os.mkdir(spec.workdir)
+            try:
+                for r in range(world_size):
+                    ranks.append(_start_rank(r, spec))
+                break
+            except _procs.ServerDied:
+                if attempt == 2:
+                    raise
+                _kill(ranks)  # the server died (killed, OOM) under us: start over on a new one
+                ranks = []
+        if start_method == "forkserver":
+            _preload_for_next_time(fn)
+        _watch(ranks, timeout, grace)
         return _collect(ranks, backend, timeout, time.time() - start, label, start)
     finally:
-        for rk in ranks:
-            if rk.handle is not None:
-                rk.handle.kill()
-                rk.handle.forget()
+        _kill(ranks)
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _kill(ranks: list[_Rank]) -> None:
+    for rk in ranks:
+        if rk.handle is not None:
+            rk.handle.kill()
+            rk.handle.forget()
+
+
+def _preload_for_next_time(fn) -> None:
+    """Ask the fork server to import the module that defines `fn` (each rank imports it, as
+    cloudpickle sends the function by reference), so the next launch of it starts warm."""
+    name = getattr(fn, "__module__", None)
+    if name in (None, "__main__") or not getattr(sys.modules.get(name), "__file__", None):
+        return
+    try:
+        _procs.prewarm(modules=[name])
+    except _procs.ServerDied:
+        pass  # the next launch starts a new server
 
 
 def resolve_backend(backend: str, world_size: int | None) -> str:
@@ -153,30 +208,35 @@ def _rendezvous_env(world_size: int, port: int) -> dict[str, str]:
             "TORCHELASTIC_USE_AGENT_STORE": "True", "DDP_LAB_RANK_PROCESS": "1"}
 
 
-def _start_rank(r, workdir, payload, base_env, backend, timeout, init_pg, start_method, world_size):
-    paths = {k: os.path.join(workdir, f"rank{r}.{k}") for k in ("stdout", "stderr", "stack", "result")}
-    env = dict(base_env, RANK=str(r), LOCAL_RANK=str(r))
-    spec = dict(paths, payload=payload, env=env, sys_path=list(sys.path), backend=backend,
-                init_process_group=init_pg, pg_timeout=timeout + PG_TIMEOUT_MARGIN,
-                threads=max(1, (os.cpu_count() or 1) // world_size))
-    spec_path = os.path.join(workdir, f"rank{r}.spec")
+def _start_rank(r: int, launch: _LaunchSpec) -> _Rank:
+    paths = {k: os.path.join(launch.workdir, f"rank{r}.{k}")
+             for k in ("stdout", "stderr", "stack", "result", "ready")}
+    env = dict(launch.base_env, RANK=str(r), LOCAL_RANK=str(r))
+    spec = dict(paths, payload=launch.payload, env=env, sys_path=list(sys.path),
+                backend=launch.backend, init_process_group=launch.init_process_group,
+                pg_timeout=launch.timeout + PG_TIMEOUT_MARGIN, preload=_procs.PRELOAD_IDLE,
+                threads=max(1, (os.cpu_count() or 1) // launch.world_size))
+    spec_path = os.path.join(launch.workdir, f"rank{r}.spec")
     with open(spec_path, "wb") as f:
         pickle.dump(spec, f)
-    rk = _Rank(r, paths)
-    if start_method == "forkserver":
+    rk = _Rank(r, paths, started_at=time.time())
+    if launch.start_method == "forkserver":
         # The server may be busy preloading one module (seconds; more on a loaded machine).
-        rk.handle = _procs.fork_server().spawn(spec_path, timeout=max(180.0, timeout))
+        rk.handle = _procs.fork_server().spawn(spec_path, timeout=STARTUP_LIMIT)
     else:
         rk.handle = _procs.SpawnedRank(spec_path, dict(env, PYTHONPATH=os.pathsep.join(sys.path)))
     return rk
 
 
-def _watch(ranks: list[_Rank], deadline: float, grace: float) -> None:
-    """Wait for every rank to exit; stop the rest at the deadline, or `grace` s after a failure."""
+def _watch(ranks: list[_Rank], timeout: float, grace: float) -> None:
+    """Wait for every rank to exit. Stop the running ones once each has used its `timeout`
+    (from when it was ready), or `grace` s after a rank failed."""
     first_failure = None
     while True:
         now = time.time()
         for rk in ranks:
+            if rk.ready_at is None and os.path.exists(rk.paths["ready"]):
+                rk.ready_at = now
             if rk.exitcode is None and (code := rk.handle.exitcode()) is not None:
                 rk.exitcode, rk.ended_at = code, now
                 if code != 0 and first_failure is None:
@@ -184,8 +244,12 @@ def _watch(ranks: list[_Rank], deadline: float, grace: float) -> None:
         running = [rk for rk in ranks if rk.exitcode is None]
         if not running:
             return
+        deadline = max(rk.deadline(timeout) for rk in running)
         if now >= deadline:
-            return _stop(running, "timeout")
+            late = [rk.rank for rk in running if rk.ready_at is None]
+            return _stop(running, TIMEOUT if not late else
+                         f"timeout: rank(s) {', '.join(map(str, late))} not ready "
+                         f"{STARTUP_LIMIT:g} s after starting (imports, process-group set-up)")
         if first_failure is not None and now >= first_failure.ended_at + grace:
             return _stop(running, f"stopped by the launcher {grace:g} s after rank "
                                   f"{first_failure.rank} failed")
@@ -241,7 +305,7 @@ def _collect(ranks, backend, timeout, seconds, label, start) -> RunResult:
 def _rank_result(rk: _Rank, start: float) -> RankResult:
     import cloudpickle
 
-    res = RankResult(rank=rk.rank, status="ok", stdout=_read(rk.paths["stdout"]),
+    res = RankResult(rank=rk.rank, status=OK, stdout=_read(rk.paths["stdout"]),
                      stderr=_read(rk.paths["stderr"]), stack=_read(rk.paths["stack"]),
                      exitcode=rk.exitcode, seconds=(rk.ended_at or time.time()) - start,
                      note=rk.stopped)
@@ -249,21 +313,21 @@ def _rank_result(rk: _Rank, start: float) -> RankResult:
     if os.path.exists(rk.paths["result"]):
         with open(rk.paths["result"], "rb") as f:
             record = pickle.load(f)
-    if record and "type" in record:
-        res.status = "error"
+    if record and record["kind"] == "error":
+        res.status = ERROR
         res.error = ErrorInfo(record["type"], record["message"], record["traceback"])
         res.failed_at = record["failed_at"]
     elif record and rk.exitcode == 0:
         try:
             res.value = cloudpickle.loads(record["value"])
         except Exception as exc:
-            res.status, res.failed_at = "error", rk.ended_at
+            res.status, res.failed_at = ERROR, rk.ended_at
             res.error = ErrorInfo(type(exc).__name__, f"the rank's return value could not be "
                                   f"unpickled in the launcher: {exc}")
     elif rk.stopped:
-        res.status, res.failed_at = "timeout", rk.ended_at
+        res.status, res.failed_at = TIMEOUT, rk.ended_at
     else:
-        res.status, res.failed_at = "crashed", rk.ended_at
+        res.status, res.failed_at = CRASHED, rk.ended_at
     if rk.stopped and not res.stack:
         res.stack = "(the rank wrote no stack before it was killed)"
     return res

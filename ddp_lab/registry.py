@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping
 
-from .results import RunResult
+from .results import STATUSES, RunResult
 
 VARIANTS = ("broken", "fixed")
 
@@ -40,6 +40,10 @@ class Expect:
     below: float | None = None
     metric_rank: int | None = 0
     extra: Callable[[RunResult], list[str]] | None = None
+
+    def __post_init__(self):
+        if self.status not in STATUSES:
+            raise ValueError(f"unknown status {self.status!r}: use one of {', '.join(STATUSES)}")
 
     def differences(self, result: RunResult) -> list[str]:
         """What differs between `result` and this declaration; empty when it is as declared."""
@@ -143,12 +147,9 @@ class Variant:
 
     def run(self, *, world_size: int | None = None, timeout: float | None = None,
             label: str = "", **kwargs) -> RunResult:
-        from ._procs import prewarm
         from .launcher import launch
 
-        # A declared outcome must not depend on how warm the fork server is: a 3 s deliberate
-        # hang would otherwise catch a cold rank still importing torch._dynamo.
-        prewarm(wait=True)
+        # No warm server needed: each rank's timeout counts from when that rank is ready.
         return launch(self.fn, world_size=world_size or self.world_size,
                       timeout=timeout or self.timeout, env=dict(self.env),
                       init_process_group=self.init_process_group, grace=self.grace,

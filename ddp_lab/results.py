@@ -12,30 +12,22 @@ import signal
 from dataclasses import dataclass, field
 from typing import Any
 
-STATUSES = ("ok", "error", "timeout", "crashed")
-SIMULTANEOUS = 0.1  # seconds: failures closer than this are not ordered by time
-_SEVERITY = {"ok": 0, "error": 1, "timeout": 2, "crashed": 3}
+from ._sanitize import sanitize  # noqa: F401  (re-exported: ddp_lab.results.sanitize)
+from .display import run_result_html
 
-_ADDRESS = re.compile(r"\[?(?:\d{1,3}\.){3}\d{1,3}\]?:\d+|\[?localhost\]?:\d+")
-_HEX = re.compile(r"0x[0-9a-fA-F]{6,}")
-_PATH = re.compile(r"(?:/[^\s\"',:()\[\]]+)+/((?:torch|ddp_lab|third_party)/[^\s\"',:()\[\]]*)")
+# A rank's status, plain strings (so results pickle and print as before), mildest first:
+OK = "ok"            # the function returned
+ERROR = "error"      # it raised a Python exception
+TIMEOUT = "timeout"  # the launcher stopped it (its time was up, or a peer had failed)
+CRASHED = "crashed"  # the process died without a Python exception (a signal, os._exit)
+STATUSES = (OK, ERROR, TIMEOUT, CRASHED)
+SIMULTANEOUS = 0.1  # seconds: failures closer than this are not ordered by time
+_SEVERITY = {status: i for i, status in enumerate(STATUSES)}
+
 # Errors a rank raises because a peer died or stopped, not because of its own bug.
 _COLLATERAL = re.compile(r"Connection closed by peer|Connection reset by peer|Broken pipe|"
                          r"ECONNRESET|EPIPE|communicator was aborted|Socket Timeout|"
                          r"failed to recv|failed to send|Timed out waiting", re.I)
-_PID = re.compile(r"\b(pid|PID|process)[ =:]+\d+")
-_CPP_LOG = re.compile(r"\b[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+(?: +\d+)?")  # glog: I1202 13:01:02.123 4567
-_CLOCK = re.compile(r"\b\d\d:\d\d:\d\d(?:\.\d+)?\b")
-
-
-def sanitize(text: str) -> str:
-    """Remove what varies between runs: addresses and ports, memory addresses, machine paths."""
-    text = _ADDRESS.sub("<addr>", text)
-    text = _HEX.sub("0x…", text)
-    text = _PATH.sub(lambda m: m.group(1), text)
-    text = _CPP_LOG.sub(lambda m: m.group(0)[0] + "<time>", text)
-    text = _CLOCK.sub("<time>", text)
-    return _PID.sub(lambda m: f"{m.group(1)} <pid>", text)
 
 
 def peer_gone(message: str) -> bool:
@@ -88,9 +80,13 @@ class RankResult:
     failed_at: float | None = None  # wall-clock time of the failure, for root-cause ordering
     note: str = ""  # why the launcher stopped this rank, when it did
 
+    def __post_init__(self):
+        if self.status not in STATUSES:
+            raise ValueError(f"unknown status {self.status!r}: use one of {', '.join(STATUSES)}")
+
     @property
     def ok(self) -> bool:
-        return self.status == "ok"
+        return self.status == OK
 
     @property
     def signal(self) -> str | None:
@@ -99,18 +95,18 @@ class RankResult:
     @property
     def headline(self) -> str:
         """One deterministic line: what happened on this rank."""
-        if self.status == "ok":
+        if self.status == OK:
             return "ok"
-        if self.status == "error" and self.error:
+        if self.status == ERROR and self.error:
             if peer_gone(self.error.message):
                 # gloo words this differently from run to run; what matters is the same
                 return f"{self.error.type}: lost its connection to a peer (a consequence)"
             return sanitize(str(self.error))
-        if self.status == "crashed":
+        if self.status == CRASHED:
             if self.signal:
                 return f"killed by {self.signal}"
             return f"exited with status {self.exitcode} without a Python exception"
-        if self.status == "timeout":
+        if self.status == TIMEOUT:
             where = self.stuck_in()
             return f"timed out{' in ' + where if where else ''}"
         return self.status
@@ -197,11 +193,11 @@ class RunResult:
 
     @property
     def status(self) -> str:
-        return max((r.status for r in self.ranks), key=_SEVERITY.__getitem__, default="ok")
+        return max((r.status for r in self.ranks), key=_SEVERITY.__getitem__, default=OK)
 
     @property
     def ok(self) -> bool:
-        return self.status == "ok"
+        return self.status == OK
 
     @property
     def values(self) -> list[Any]:
@@ -231,7 +227,7 @@ class RunResult:
     def _root_is_distinct(self) -> bool:
         """A root cause is worth pointing at when other ranks failed differently after it."""
         root = self.root_cause
-        if not root or root.status not in ("error", "crashed"):
+        if not root or root.status not in (ERROR, CRASHED):
             return False
         others = self.failures[1:]
         later = [r for r in others if r.is_collateral or r.failed_at is None
@@ -288,6 +284,4 @@ class RunResult:
         return "\n".join(rows)
 
     def _repr_html_(self) -> str:
-        from .display import run_result_html
-
         return run_result_html(self)

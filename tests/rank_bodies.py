@@ -91,3 +91,7 @@ def write_pid_and_hang(folder):
     with open(os.path.join(folder, f"rank{dist.get_rank()}.pid"), "w") as f:
         f.write(str(os.getpid()))
     time.sleep(120)
+
+
+def return_an_exception():
+    return KeyError("type")

@@ -1,0 +1,34 @@
+"""The statuses are one declared set, checked where a result or a declaration is made; the rank
+tells the launcher what its record holds by an explicit kind."""
+import pickle
+
+import pytest
+
+import rank_bodies as body
+from ddp_lab import launch
+from ddp_lab.registry import Expect
+from ddp_lab.results import STATUSES, ErrorInfo, RankResult, RunResult
+
+
+def test_an_unknown_status_is_refused_by_name():
+    with pytest.raises(ValueError, match="unknown status 'hung': use one of ok, error, timeout, crashed"):
+        RankResult(0, "hung")
+    with pytest.raises(ValueError, match="unknown status 'timed out'"):
+        Expect("timed out")
+
+
+def test_a_result_pickles_and_prints_as_before():
+    run = RunResult([RankResult(0, "ok", value=1),
+                     RankResult(1, "error", error=ErrorInfo("ValueError", "bad"), failed_at=1.0)],
+                    label="x")
+    again = pickle.loads(pickle.dumps(run))
+    assert repr(again) == repr(run) == (
+        "RunResult(x: error, world_size=2, backend=gloo)\n  rank 0: ok\n  rank 1: error    ValueError: bad")
+    assert STATUSES == ("ok", "error", "timeout", "crashed")
+
+
+def test_a_returned_exception_is_a_value_not_an_error():
+    # The record says which it is: a rank that returns an exception object returned a value.
+    result = launch(body.return_an_exception, init_process_group=False)
+    assert result.status == "ok"
+    assert [type(v).__name__ for v in result.values] == ["KeyError", "KeyError"]
