@@ -17,7 +17,7 @@ import shlex
 import types
 
 from .launcher import launch
-from .results import sanitize
+from ._sanitize import sanitize
 
 
 def _parser() -> argparse.ArgumentParser:
