@@ -49,7 +49,7 @@ def scenario_panel(scenario: Scenario, max_world_size: int = 4):
             try:
                 result = scenario.run(which.value, world_size=size.value)
                 display(result)
-                problems = scenario.check(which.value, result)
+                problems = scenario.differences(which.value, result)
                 verdict = "as declared" if not problems else "NOT as declared: " + "; ".join(problems)
                 print(f"{scenario.key} {which.value}: {result.status} ({verdict})")
                 result.print_output()
