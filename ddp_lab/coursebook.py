@@ -68,6 +68,14 @@ class LessonNotebook:
                 seen = True
         return total if seen else None
 
+    def executed_at(self) -> str:
+        """When the committed execution started (UTC, to the minute), or "" if not recorded."""
+        for cell in self.nb.cells:
+            start = cell.get("metadata", {}).get("execution", {}).get("iopub.execute_input")
+            if start:
+                return _when(start).strftime("%Y-%m-%d %H:%M")
+        return ""
+
     def sections(self) -> list[tuple[str, list]]:
         """(`## heading`, the cells under it) in order; the cells before the first `##` are ""."""
         out: list[tuple[str, list]] = [("", [])]

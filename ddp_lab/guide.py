@@ -86,12 +86,12 @@ def render_agenda(title: str, rows, left) -> list[str]:
 
 
 def render_figures(lessons) -> list[str]:
-    out = ["| lesson | core-path words | reading (min) | execution (s) | slot (min) |",
-           "|---|---|---|---|---|"]
+    out = ["| lesson | core-path words | reading (min) | execution (s) | executed (UTC) | slot (min) |",
+           "|---|---|---|---|---|---|"]
     for l in lessons:
         secs = l.execution_seconds()
         out.append(f"| {l.id} · {l.title} | {l.core_words()} | {l.reading_minutes():.0f} | "
-                   f"{'not recorded' if secs is None else f'{secs:.0f}'} | {slot_minutes(l)} |")
+                   f"{'not recorded' if secs is None else f'{secs:.0f}'} | {l.executed_at()} | {slot_minutes(l)} |")
     return out + [""]
 
 
@@ -125,7 +125,8 @@ def render_guide(lessons: list[LessonNotebook]) -> str:
         f"committed notebook when `tools/execute_notebook.py` executed it on 2 CPU cores. Reading "
         f"time: words on the core path (markdown not tagged `deeper`) at {WORDS_PER_MINUTE} words a "
         f"minute. A lesson's slot is reading time + {RERUNS} x execution time + {SOLO_TIME} minutes "
-        f"alone, rounded up to 5 minutes.", "",
+        f"alone, rounded up to 5 minutes. A notebook executed while the machine was busy records "
+        f"longer times: before a workshop, re-execute the notebooks on a quiet machine and rebuild.", "",
     ] + render_figures(lessons) + ["## Agendas", ""]
     lines += render_agenda("90 minutes", short, short_left)
     lines += render_agenda("Half a day (3 h 30, one break)", half, half_left)

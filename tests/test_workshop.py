@@ -77,7 +77,7 @@ def test_the_guide_has_agendas_from_measured_figures_and_the_day_s_problems(kit)
         assert needed in guide, needed
     # 98: 13 words off the `deeper` and `solution` cells; three code cells recorded 2.5 s each
     # (7.5 s); 0.1 min reading + 2 x 7.5 s + 5 min alone -> a 10-minute slot
-    assert "| 98 · A tagged lesson | 13 | 0 | 8 | 10 |" in guide
+    assert "| 98 · A tagged lesson | 13 | 0 | 8 | 2026-01-01 00:00 | 10 |" in guide
     assert "Attendees alone:** 1 · Try it yourself" in guide
 
 
