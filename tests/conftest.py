@@ -46,7 +46,7 @@ def no_leftovers():
     yield
     deadline = time.time() + 3
     while True:
-        extra = descendants(os.getpid()) - before - {server_pid()}
+        extra = descendants(os.getpid()) - before - {server_pid()} - _kernel_pass_tree()
         if not extra or time.time() > deadline:
             break
         time.sleep(0.05)
@@ -119,6 +119,13 @@ class KernelPass:
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)  # its kernels and ranks with it
             self.proc.wait()
+
+
+def _kernel_pass_tree() -> set[int]:
+    """The background notebook pass and everything it started: not a test's leftovers."""
+    if _kernel_pass is None:
+        return set()
+    return {_kernel_pass.proc.pid} | descendants(_kernel_pass.proc.pid)
 
 
 def notebook_paths() -> list[str]:

@@ -42,7 +42,22 @@ CASES = {
     "transformer-encoder": (transformer, torch.randn(2, 5, 16)),
     "lstm": (lstm, torch.randn(5, 3, 16)),
     "tokens-and-mask": (lambda: TokenModel(), (torch.randint(0, 50, (4, 6)), torch.ones(4, 6))),
+    "dropout-and-noise": (lambda: NoisyDropout(), torch.randn(8, 16)),
 }
+
+
+class NoisyDropout(nn.Module):
+    """Random draws from torch's default generator in forward (dropout, noise): each rank its
+    own, so lesson 14's checks stay silent."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(16, 16)
+        self.drop = nn.Dropout(0.3)
+
+    def forward(self, x):
+        h = self.drop(torch.relu(self.lin(x)))
+        return h + 0.01 * torch.randn_like(h)
 
 
 class TokenModel(nn.Module):

@@ -99,14 +99,14 @@ def test_unused_parameter_fails_at_the_second_step_and_names_indices(runs):
 
 def test_debug_info_names_the_unused_parameters():
     result = l01.WITH_DEBUG_INFO.run()
-    assert l01.WITH_DEBUG_INFO.expect.check(result) == []
+    l01.WITH_DEBUG_INFO.expect.assert_met(result)
     assert result.ranks[1].error.message.count("aux_head.weight") == 1
 
 
 @pytest.mark.skipif(torch.__version__ != "2.13.0+cpu", reason="a crash of this torch build")
 def test_debug_detail_crashes_the_rank_on_this_build():
     result = l01.WITH_DEBUG_DETAIL.run()
-    assert l01.WITH_DEBUG_DETAIL.expect.check(result) == []
+    l01.WITH_DEBUG_DETAIL.expect.assert_met(result)
     assert "_ddp_init_helper" in result.ranks[0].stderr  # inside the DDP constructor
 
 
@@ -114,23 +114,20 @@ def test_debug_detail_crashes_the_rank_on_this_build():
 def test_other_fixes_keep_the_ranks_in_sync(variant):
     v = getattr(l01, variant)
     result = v.run()
-    assert v.expect.check(result) == []
+    v.expect.assert_met(result)
     # the auxiliary head is registered: broadcast at construction, never given a gradient
     assert result.ranks[0].value["moved"]["aux_head.weight"] == 0.0
     assert result.ranks[0].value["moved"]["body.weight"] > 1e-4
 
 
-def test_find_unused_parameters_costs_time_every_step():
-    ratios = []
-    for _ in range(2):  # a shared machine: measure again before calling it a failure
-        result = ddp_lab.launch(l01.find_unused_cost).raise_for_status()
-        value = result.ranks[0].value
-        assert set(value["ms"]) == set(value["ratio"])
-        assert all(0 < ms < 1000 for ms in value["ms"].values())
-        ratios.append(value["find_unused_ratio"])
-        if ratios[-1] > 1.0:
-            break
-    assert 1.0 < max(ratios) < 20, ratios
+def test_find_unused_cost_times_every_model_against_the_fixed_one():
+    # The ratios themselves are not asserted: on this tiny model they ranged from 0.89x to 1.65x
+    # over 6 runs on a shared 2-core machine (the notebook states that range).
+    value = ddp_lab.launch(l01.find_unused_cost).raise_for_status().ranks[0].value
+    assert set(value["ms"]) == set(value["ratio"]) and len(value["ms"]) == 4
+    assert all(0 < ms < 1000 for ms in value["ms"].values())
+    assert value["ratio"]["fixed module"] == 1.0
+    assert value["find_unused_ratio"] == value["ratio"]["find_unused_parameters=True"] > 0
 
 
 def test_data_parallel_is_one_process_ddp_is_one_per_rank():

@@ -66,7 +66,7 @@ def test_plain_constants_stay_apart_and_out_of_the_state_dict(runs):
 
 def test_bfloat16_cast_fails_the_same_way():
     result = l02.TO_BFLOAT16.run()
-    assert l02.TO_BFLOAT16.expect.check(result) == []
+    l02.TO_BFLOAT16.expect.assert_met(result)
     assert "BFloat16" in result.ranks[0].error.message or "device" in result.ranks[0].error.message
     fixed = LESSON.scenario("constant_cast").fixed.with_kwargs(dtype="bfloat16").run()
     assert fixed.ok, fixed.describe_failure()
@@ -95,7 +95,7 @@ def test_agnostic_wrap_picks_the_device_helper(runs):
 
 def test_to_empty_leaves_every_tensor_uninitialised():
     result = l02.NO_INIT.run()
-    assert l02.NO_INIT.expect.check(result) == []
+    l02.NO_INIT.expect.assert_met(result)
     value = result.ranks[0].value
     assert sorted(value["nonfinite"]) == sorted(["lin.weight", "lin.bias", "head.weight",
                                                  "head.bias", "positions"])

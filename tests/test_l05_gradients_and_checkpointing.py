@@ -70,7 +70,7 @@ def test_retain_graph_with_weights_fails_on_the_optimizer_update(runs):
 # In-place edits: anomaly detection names the line ---------------------------------------------
 def test_anomaly_detection_points_at_the_forward_line():
     result = LESSON.scenario("inplace_saved").broken.run(detect_anomaly=True)
-    assert LESSON.scenario("inplace_saved").check("broken", result) == []
+    LESSON.scenario("inplace_saved").assert_declared("broken", result)
     origin = l05.anomaly_origin(result.ranks[0].stderr)
     assert origin.startswith("ExpBackward0 failed")
     assert "weights = torch.exp(self.score(x))" in origin
@@ -88,7 +88,7 @@ def test_side_effects_make_wrong_gradients_on_every_rank(runs):
 
 def test_reentrant_checkpointing_fixed_by_static_graph():
     result = l05.STATIC_GRAPH.run()
-    assert l05.STATIC_GRAPH.expect.check(result) == []
+    l05.STATIC_GRAPH.expect.assert_met(result)
     assert max(v["grad_error"] for v in result.values) < 1e-6
 
 

@@ -6,6 +6,11 @@ The generic test (tests/test_registry.py) runs every scenario broken and fixed a
 declaration; here each distributed test is a public test plus the lesson's per-rank function."""
 from __future__ import annotations
 
+import re
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from ddp_lab import launch
@@ -30,7 +35,7 @@ def warm_fork_server():
 def levels():
     runs = {level: variant.run() for level, variant in l06.DEBUG_LEVELS.items()}
     for level, run in runs.items():
-        assert l06.DEBUG_LEVELS[level].expect.check(run) == [], level
+        l06.DEBUG_LEVELS[level].expect.assert_met(run), level
     return {level: l06.debug_summary(run) for level, run in runs.items()}
 
 
@@ -46,11 +51,43 @@ def test_off_gives_indices_info_gives_names_detail_crashes(levels):
     assert levels["INFO"]["names"] == ["aux_head.bias", "aux_head.weight"]
     assert (levels["DETAIL"]["status"], levels["DETAIL"]["signal"], levels["DETAIL"]["names"]) == \
         ("crashed", "SIGSEGV", [])
+    assert levels["DETAIL after init"]["names"] == ["aux_head.bias", "aux_head.weight"]
+
+
+def test_detail_set_after_init_runs_ddp_at_level_detail(runs):
+    assert [v["debug_level"] for v in runs("debug_detail", "fixed").values] == ["DETAIL", "DETAIL"]
+
+
+def test_detail_checks_collectives_only_when_the_group_is_created_under_it(no_leftovers):
+    created, late = (variant.run() for variant in l06.DETAIL_COLLECTIVES.values())
+    l06.DETAIL_COLLECTIVES["DETAIL at creation"].expect.assert_met(created)
+    l06.DETAIL_COLLECTIVES["DETAIL after init"].expect.assert_met(late)
+    assert "OpType=BROADCAST" in created.ranks[0].error.message
+    assert [r.stuck_in() for r in late.ranks] == ["all_reduce()", "broadcast()"]
+    # the notebook's exercise, solved: the innermost frame in torch.distributed's collectives
+    assert [_collective_of(r.stack) for r in late.ranks] == ["all_reduce", "broadcast"]
+
+
+def _collective_of(stack):
+    for path, func in re.findall(r'File "([^"]+)", line \d+ in (\w+)', stack):
+        if path.endswith("torch/distributed/distributed_c10d.py"):
+            return func
+    return None
+
+
+@pytest.mark.slow
+def test_the_repro_script_crashes_only_when_the_group_is_created_under_detail():
+    script = Path(__file__).parent.parent / "tools" / "repro_detail_ddp_segfault.py"
+    crash = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    after = subprocess.run([sys.executable, str(script), "--after"], capture_output=True, text=True,
+                           timeout=120)
+    assert crash.returncode == 1 and "(SIGSEGV)" in crash.stdout, crash.stdout + crash.stderr
+    assert after.returncode == 0 and "DDP built, one step done" in after.stdout, after.stdout + after.stderr
 
 
 def test_cpp_log_level_adds_lines_that_name_the_parameters_too(levels, no_leftovers):
     run = l06.CPP_LOG.run()
-    assert l06.CPP_LOG.expect.check(run) == []
+    l06.CPP_LOG.expect.assert_met(run)
     cpp = l06.debug_summary(run)
     assert cpp["names"] == ["aux_head.bias", "aux_head.weight"]
     assert cpp["cpp_log_lines"] >= 3 and levels["INFO"]["cpp_log_lines"] == 0
@@ -59,13 +96,13 @@ def test_cpp_log_level_adds_lines_that_name_the_parameters_too(levels, no_leftov
 
 def test_cpp_log_level_set_after_torch_was_imported_does_nothing():
     run = l06.CPP_LOG_TOO_LATE.run()
-    assert l06.CPP_LOG_TOO_LATE.expect.check(run) == []
+    l06.CPP_LOG_TOO_LATE.expect.assert_met(run)
     assert l06.debug_summary(run)["cpp_log_lines"] == 0
 
 
 def test_torchrun_reports_the_same_failure(no_leftovers):
     run = l06.TORCHRUN.run()
-    assert l06.TORCHRUN.expect.check(run) == []
+    l06.TORCHRUN.expect.assert_met(run)
     report = l06.torchrun_failures(run.ranks[0].error.message)
     assert report["failures"][1] == {"exitcode": 1, "error": "IndexError: index out of range in self"}
     assert l06.is_collateral(report["failures"][0])
@@ -122,10 +159,11 @@ def test_straggler_makes_rank0_wait_every_step_and_the_figure_shows_it():
     assert fig.axes[0].get_title().startswith("broken: rank 0: ")
 
 
-def test_stuck_ranks_are_named_by_their_stacks():
-    run = LESSON.scenario("stuck_ranks").run("broken")
+def test_stuck_ranks_are_named_by_their_stacks(runs):
+    run = runs("stuck_ranks", "broken")
     assert [r.stuck_in() for r in run.ranks] == ["barrier()", "wait_for_file()"]
     assert "prepare_then_share" in run.ranks[1].stack_summary()
+    assert [_collective_of(r.stack) for r in run.ranks] == ["barrier", None]
 
 
 def test_token_batches_hold_eos_only_on_the_bad_rank_and_step():

@@ -58,7 +58,7 @@ def test_prefix_stripped_by_pytorch_helper():
     """The other fix: keep the prefixed checkpoint, strip `module.` when loading."""
     scenario = LESSON.scenario("module_prefix")
     result = scenario.broken.with_kwargs(load=l09.load_stripping_prefix).run()
-    assert scenario.fixed.expect.check(result) == []
+    scenario.fixed.expect.assert_met(result)
     assert result.values[0]["keys"] == ["fc1.weight", "fc1.bias"]
 
 

@@ -1,6 +1,7 @@
 """From what the ranks recorded (sync.records of each rank's stdout) to findings."""
 from __future__ import annotations
 
+from .randomness import random_findings
 from .report import Finding
 from .static import names
 
@@ -23,6 +24,7 @@ def dry_findings(recs: list[dict], amp: str | None, settings: dict | None = None
     out += _checkpoints(drys[0])
     out += _graph_kept(drys[0])
     out += _custom_functions(drys[0], amp)
+    out += random_findings(recs)
     return out
 
 

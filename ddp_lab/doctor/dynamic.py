@@ -9,13 +9,15 @@ import gc
 from ..modwalk import graph_holders, state_tensors
 from ..probes import gather, named_drift
 from .inputs import autocast, call, floating_tensors, move
+from .randomness import seed_all, watch_global_generators, watch_randomness
 from .regions import changed_state, module_state
 from .shapes import rank_batch
 from .sync import emit, new_group
 from .trace import batchnorm_sizes, custom_functions, watch_forward
 
-SEED = 1000  # rank r builds its module after torch.manual_seed(SEED + r): what DDP does not
-# broadcast then differs between ranks from the start, as it does when ranks are seeded apart
+SEED = 1000  # rank r builds its module after seeding torch, Python's random and NumPy with
+# SEED + r: what DDP does not broadcast then differs between ranks from the start, as it does
+# when ranks are seeded apart; and the doctor's own runs repeat from run to run
 
 
 def probe(source, example, steps: int = 3, loss=None, amp=None, ddp_kwargs=None,
@@ -62,10 +64,12 @@ def probe(source, example, steps: int = 3, loss=None, amp=None, ddp_kwargs=None,
 
 
 def _build(source, rank: int, dev):
-    import torch
-
-    torch.manual_seed(SEED + rank)
-    return source.build().to(dev)
+    seed_all(SEED + rank)  # torch, Python's random, NumPy: as a training script seeds each rank
+    used: list[str] = []
+    with watch_global_generators(used):
+        model = source.build().to(dev)
+    emit("build_generators", used)
+    return model
 
 
 def _handles_unused(user: dict) -> bool:
@@ -102,7 +106,8 @@ def dry_run(model, batch, loss, amp, dev) -> dict:
         marks = _marks(model)
         with watch_forward(record, dev.type), batchnorm_sizes(model, record["batchnorm"]):
             with autocast(amp, dev.type):
-                out = call(model, batch)
+                with watch_randomness(record, model):
+                    out = call(model, batch)
         record["set_in_forward"] = _written(model, marks)
         with autocast(amp, dev.type):
             total = loss(out, batch)

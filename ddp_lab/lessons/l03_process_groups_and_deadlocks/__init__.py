@@ -1,8 +1,8 @@
 """Lesson 03: process groups that never form, collectives that only some ranks call or that do
 not match, and the tools that turn the resulting hangs into errors that name a rank.
 
-The per-rank code is in `ranks.py`; the timeline that survives a hang, and its picture, in
-`timeline.py`.
+The per-rank code (and the timeline that survives a hang) is in `runs.py`; its picture in
+`figures.py`.
 """
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ from dataclasses import replace
 
 from ...registry import Expect, Lesson, Scenario, Variant
 from ...results import frames_text
-from .ranks import (TinyNet, evaluate, init_group, report_on_every_rank, report_on_rank0,
-                    shard_losses, train_and_report, uneven_epoch)
-from .timeline import LoggedTimeline, spans_from_run, timeline_figure
+from .figures import figures, spans_from_run, timeline_figure
+from .runs import (LoggedTimeline, TinyNet, evaluate, init_group, per_rank, report_on_every_rank,
+                   report_on_rank0, shard_losses, train_and_report, uneven_epoch)
 
 __all__ = ["LESSON", "INIT_SILENT", "INIT_DUPLICATE_RANK", "WITH_BARRIER", "MISMATCH_DETAIL",
            "PLAIN_BARRIER", "TinyNet", "evaluate", "init_group", "report_on_every_rank",
-           "report_on_rank0", "shard_losses", "train_and_report", "uneven_epoch",
+           "report_on_rank0", "shard_losses", "train_and_report", "uneven_epoch", "per_rank",
            "LoggedTimeline", "spans_from_run", "timeline_figure", "printed_on_rank0_only", "where"]
 
 DETAIL = {"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}
@@ -94,6 +94,10 @@ INIT_SILENT = Variant(init_group, Expect("timeout", match="init_process_group", 
 INIT_DUPLICATE_RANK = _init(Expect("error", "DistStoreError", STORE_TIMEOUT, ranks=(0, 1),
                                    extra=_key_waited_for(1)), config_rank=0)
 
+# The hang declarations below are gloo's: a gloo collective blocks until every rank has called
+# it, so a stopped rank's stack shows the collective it waits in. On NCCL they hold only with
+# TORCH_NCCL_BLOCKING_WAIT=1 (BLOCKING); without it rank 0 passes all_reduce and waits at its
+# next synchronisation (loss.item()), or NCCL's watchdog aborts the group at its timeout.
 REPORT_BROKEN = Variant(train_and_report, Expect("timeout", match="in all_reduce", ranks=(0,),
                                                  extra=_stack_of(1, "in forward")),
                         kwargs={"report": report_on_rank0}, env=BLOCKING, timeout=4)
@@ -109,6 +113,7 @@ MISMATCH_DETAIL = replace(MISMATCH_BROKEN, env=DETAIL, expect=Expect(
     "error", "RuntimeError", "Detected mismatch between collectives on ranks", ranks=(0, 1),
     extra=_names_both_shapes))
 
+# monitored_barrier is gloo's only (uneven_epoch makes a gloo group for it on NCCL).
 MONITORED_BROKEN = Variant(uneven_epoch, Expect("error", "RuntimeError",
                                                 r"Rank 1 failed to pass monitoredBarrier in 3000 ms",
                                                 ranks=(0,)),
@@ -116,11 +121,6 @@ MONITORED_BROKEN = Variant(uneven_epoch, Expect("error", "RuntimeError",
 PLAIN_BARRIER = Variant(uneven_epoch, Expect("timeout", match="in barrier", ranks=(0,),
                                              extra=_stack_of(1, "in all_reduce")),
                         kwargs={"batches": (2, 3), "barrier": "plain"}, env=BLOCKING, timeout=4)
-
-
-def figures(results) -> dict:
-    run = results["collective_on_rank0"]
-    return {"collective_timeline": timeline_figure(run["broken"], run["fixed"])}
 
 
 LESSON = Lesson(

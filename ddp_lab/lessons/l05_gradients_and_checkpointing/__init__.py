@@ -14,7 +14,7 @@ from ...registry import Expect, Lesson, ModuleCase, Scenario, Variant
 from ...results import sanitize
 from . import modules as m
 from .figures import draw_memory, figures
-from .memory import held_saved_bytes, peak_growth, reset_peak_rss, slope
+from .runs_memory import held_saved_bytes, peak_growth, reset_peak_rss, slope
 from .runs import activation_memory, carry_state, checkpoint_grads, train_steps
 
 __all__ = ["LESSON", "carry_state", "train_steps", "checkpoint_grads", "activation_memory",

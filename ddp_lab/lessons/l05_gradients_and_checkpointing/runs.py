@@ -10,7 +10,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ...probes import named_drift, saved_tensor_bytes
 from ...rankinfo import ddp_kwargs, device, rank_info
-from .memory import held_saved_bytes, memory_mb, peak_growth, slope
+from .runs_memory import held_saved_bytes, memory_mb, peak_growth, slope
 from .modules import AttentionPool, ContextNet, DeepMLP, MemoryNet
 
 MB = 2 ** 20

@@ -1,21 +1,23 @@
 """Lesson 06: logging and debugging across ranks. Who prints, which rank failed first, what
 TORCH_DISTRIBUTED_DEBUG adds (and where it crashes), the stacks of stuck ranks, a straggler.
 
-The per-rank code is in `ranks.py` (and `torchrun_worker.py`, torchrun's entry point); reading
-runs back (console, debug levels, torchrun's summary, the straggler picture) in `reading.py`.
+The loops a learner debugs are in `runs.py` (torchrun's job and worker in `runs_torchrun.py`);
+reading runs back (console, debug levels, torchrun's summary) and the straggler picture in
+`figures.py`.
 """
 from __future__ import annotations
 
 from dataclasses import replace
 
 from ...registry import Expect, Lesson, Scenario, Variant
-from .ranks import (EOS, VOCAB, AuxNet, BothHeads, TokenModel, prepare_then_share, print_and_log, rank_log,
-                    straggler, token_batch, torchrun_job, train_and_log, train_aux, train_tokens,
-                    wait_for_file)
-from .reading import (console_summary, ddp_settings, debug_summary, is_collateral, step_times,
+from .figures import (console_summary, ddp_settings, debug_summary, is_collateral, step_times,
                       straggler_figure, torchrun_failures)
+from .runs import (EOS, VOCAB, AuxNet, BothHeads, TokenModel, detail_after_init, mismatched_collectives,
+                   prepare_then_share, print_and_log, rank_log, straggler, token_batch, train_and_log,
+                   train_aux, train_tokens, wait_for_file)
+from .runs_torchrun import torchrun_job
 
-__all__ = ["LESSON", "DEBUG_LEVELS", "CPP_LOG", "CPP_LOG_TOO_LATE", "TORCHRUN", "rank0_console_every_rank_record",
+__all__ = ["LESSON", "DEBUG_LEVELS", "DETAIL_COLLECTIVES", "detail_after_init", "mismatched_collectives", "CPP_LOG", "CPP_LOG_TOO_LATE", "TORCHRUN", "rank0_console_every_rank_record",
            "EOS", "VOCAB", "AuxNet", "BothHeads", "TokenModel", "prepare_then_share", "print_and_log",
            "rank_log", "straggler", "token_batch", "torchrun_job", "train_and_log", "train_aux",
            "train_tokens", "wait_for_file", "console_summary", "ddp_settings", "debug_summary", "is_collateral",
@@ -24,6 +26,7 @@ __all__ = ["LESSON", "DEBUG_LEVELS", "CPP_LOG", "CPP_LOG_TOO_LATE", "TORCHRUN", 
 REDUCTION = r"Expected to have finished reduction in the prior iteration"
 NAMED = r"Parameters which did not receive grad for rank 0: aux_head.bias, aux_head.weight"
 OUT_OF_RANGE = r"index out of range in self"
+MISMATCH = r"Detected mismatch between collectives on ranks"
 
 
 # -- extra checks (RunResult -> list of problems) ------------------------------------------------
@@ -85,13 +88,37 @@ def _aux(level: str, expect: Expect, model_cls=AuxNet, **env) -> Variant:
                    env={"TORCH_DISTRIBUTED_DEBUG": level, **env}, grace=2)
 
 
-# torch 2.13.0+cpu, gloo: DETAIL wraps the group in a checker that DDP's constructor trips over
-# (SIGSEGV). When a release fixes it, this declaration fails: update lessons 06 and 03 then.
+def _aux_detail_late(expect: Expect, model_cls=AuxNet) -> Variant:
+    return Variant(train_aux, expect, kwargs={"model_cls": model_cls, "detail_late": True}, grace=2)
+
+
+def _level_is(level: str):
+    def check(result):
+        return [f"rank {r.rank} ran at level {r.value['debug_level']}, expected {level}"
+                for r in result.ranks if r.ok and r.value["debug_level"] != level]
+    return check
+
+
+# A bug of torch 2.13.0+cpu (gloo): a process group CREATED under DETAIL is wrapped in a checker
+# (_ProcessGroupWrapper) that DDP's constructor trips over: SIGSEGV, even at world size 1 with plain
+# mp.spawn (tools/repro_detail_ddp_segfault.py). DETAIL set after init_process_group does not crash.
+# When a release fixes it, this declaration fails: update lessons 06 and 11 then.
 DETAIL_CRASH = Expect("crashed", match="SIGSEGV", extra=_crashed_building_ddp)
 DEBUG_LEVELS = {
     "OFF": _aux("OFF", Expect("error", "RuntimeError", REDUCTION, ranks=(0, 1))),
     "INFO": _aux("INFO", Expect("error", "RuntimeError", NAMED, ranks=(0,))),
     "DETAIL": _aux("DETAIL", DETAIL_CRASH),
+    "DETAIL after init": _aux_detail_late(Expect("error", "RuntimeError", NAMED, ranks=(0,))),
+}
+# What DETAIL adds for collectives, in each form: created under DETAIL, the wrapped group compares
+# each collective's fingerprint across ranks before running it; set after init, the group is not
+# wrapped, nothing compares, and (gloo blocks until every rank calls) each rank waits in its own call.
+DETAIL_COLLECTIVES = {
+    "DETAIL at creation": Variant(mismatched_collectives, Expect("error", "RuntimeError", MISMATCH, ranks=(0, 1)),
+                                  env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}, grace=2),
+    "DETAIL after init": Variant(mismatched_collectives, Expect("timeout", match="in all_reduce", ranks=(0,),
+                                                                extra=_stack_of(1, "in broadcast")),
+                                 kwargs={"detail_late": True}, timeout=3, grace=2),
 }
 # C++ logs (read when torch is imported, so this launch starts its ranks by plain spawn).
 CPP_LOG = _aux("INFO", Expect("error", "RuntimeError", NAMED, ranks=(0,), extra=_cpp_names_parameters),
@@ -131,9 +158,12 @@ LESSON = Lesson(
                          "embedding from the tokenizer, <eos> included"),
         Scenario("debug_detail", "TORCH_DISTRIBUTED_DEBUG=DETAIL on a correct DDP model",
                  broken=_aux("DETAIL", DETAIL_CRASH, model_cls=BothHeads),
-                 fixed=_aux("INFO", Expect("ok"), model_cls=BothHeads),
-                 summary="DETAIL segfaults DDP's constructor on torch 2.13 CPU/gloo, bug or no bug; "
-                         "use INFO for DDP (it names unused parameters), DETAIL for collectives"),
+                 fixed=_aux_detail_late(Expect("ok", extra=_level_is("DETAIL")), model_cls=BothHeads),
+                 summary="a bug of torch 2.13 CPU: a group created under DETAIL segfaults DDP's "
+                         "constructor, bug or no bug; set DETAIL after init_process_group (DDP's "
+                         "messages, no collective checks), or INFO"),
+        # gloo's: its barrier blocks until every rank calls it, so rank 0's stack shows it. Under
+        # NCCL the call returns once queued; the hang shows at the next sync or the watchdog.
         Scenario("stuck_ranks", "Rank 0 waits at a barrier, rank 1 for a file rank 0 writes after it",
                  broken=Variant(prepare_then_share, Expect("timeout", match="in barrier", ranks=(0,),
                                                            extra=_stack_of(1, "in wait_for_file")),

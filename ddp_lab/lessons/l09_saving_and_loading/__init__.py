@@ -5,23 +5,25 @@ Every scenario trains the same small model for a few DDP steps, writes a checkpo
 temporary directory that rank 0 creates and the last rank out removes (`shared_tmpdir`), and
 loads it back. What changes is the piece a learner writes: a `save(model, path)`, a
 `load(path)`, or a `resume(path, dev)`. The rank functions live in one module per scenario
-(writers, prefix, map_location, load_order); this module declares the lesson.
+(`runs_writers`, `runs_prefix`, `runs_map_location`, `runs_load_order`; what they share in
+`runs`, the model in `modules`); this module declares the lesson.
 """
 from __future__ import annotations
 
 import torch
 
 from ...registry import Expect, Lesson, Scenario, Variant
-from .common import Net, checksum, count_saves, fingerprint, shared_tmpdir, train
+from .modules import Net
+from .runs import checksum, count_saves, fingerprint, shared_tmpdir, train
 from .figures import figures
-from .load_order import (resume_and_train, resume_every_rank_after_wrap,
+from .runs_load_order import (resume_and_train, resume_every_rank_after_wrap,
                          resume_every_rank_before_wrap, resume_rank0_after_wrap,
                          resume_rank0_before_wrap)
-from .map_location import (load_gpu_checkpoint, load_to_own_device, load_without_map_location,
+from .runs_map_location import (load_gpu_checkpoint, load_to_own_device, load_without_map_location,
                            recorded_locations, save_as_gpu_rank0)
-from .prefix import (load_stripping_prefix, reload_into_plain_model, save_ddp_state_dict,
+from .runs_prefix import (load_stripping_prefix, reload_into_plain_model, save_ddp_state_dict,
                      save_module_state_dict)
-from .writers import all_load_rank0, checkpoint_and_reload, save_on_every_rank, save_on_rank0
+from .runs_writers import all_load_rank0, checkpoint_and_reload, save_on_every_rank, save_on_rank0
 
 __all__ = ["LESSON", "Net", "checksum", "count_saves", "fingerprint", "shared_tmpdir", "train",
            "figures", "checkpoint_and_reload", "save_on_every_rank", "save_on_rank0",

@@ -10,8 +10,9 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ...probes import named_drift
 from ...rankinfo import ddp_kwargs, device, rank_info
-from .common import Net, compare_with_checkpoint, fingerprint, shared_tmpdir, train
-from .writers import save_on_rank0
+from .modules import Net
+from .runs import compare_with_checkpoint, fingerprint, shared_tmpdir, train
+from .runs_writers import save_on_rank0
 
 
 def resume_rank0_after_wrap(path: str, dev) -> DDP:

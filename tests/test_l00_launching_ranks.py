@@ -7,7 +7,7 @@ from ddp_lab.lessons import l00_launching_ranks as l00
 @pytest.mark.parametrize("fixes", range(len(l00.SOURCE_STEPS)))
 def test_each_step_of_the_source_example_fails_or_passes_as_declared(fixes):
     result = l00._source_variant(fixes).run()
-    assert l00.SOURCE_STEPS[fixes].check(result) == []
+    l00.SOURCE_STEPS[fixes].assert_met(result)
 
 
 def test_every_fix_applies_and_has_a_diff():
@@ -27,3 +27,14 @@ def test_figure_has_labelled_axes():
     fig = l00.figures({"source_example": {"fixed": result}})["source_example_losses"]
     ax = fig.axes[0]
     assert ax.get_xlabel() and ax.get_ylabel() and len(ax.lines) == 2
+
+
+def test_the_corrected_example_reads_local_rank_and_sets_the_device():
+    code = l00.source_example(len(l00.SOURCE_FIXES))
+    assert 'os.environ.get("LOCAL_RANK"' in code and "torch.cuda.set_device(device)" in code
+    assert "device_id=device" in code and "cuda', rank" not in code and "device_ids=[rank]" not in code
+
+
+def test_each_chinese_comment_keeps_an_english_translation_beside_it():
+    lines = [l for l in l00.SOURCE_EXAMPLE.splitlines() if any("\u4e00" <= ch <= "\u9fff" for ch in l)]
+    assert len(lines) == 2 and all(l.rstrip().endswith(")") and "(" in l for l in lines)

@@ -9,7 +9,8 @@ from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ...rankinfo import device, rank_info
-from .common import Net, compare_with_checkpoint, shared_tmpdir, train
+from .modules import Net
+from .runs import compare_with_checkpoint, shared_tmpdir, train
 
 
 def save_ddp_state_dict(model: DDP, path: str) -> None:

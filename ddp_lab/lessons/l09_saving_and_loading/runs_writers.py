@@ -9,7 +9,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ...probes import gather
 from ...rankinfo import device, rank_info
-from .common import checksum, count_saves, fingerprint, shared_tmpdir, train
+from .runs import checksum, count_saves, fingerprint, shared_tmpdir, train
 
 
 def save_on_every_rank(model: DDP, path: str) -> None:

@@ -9,7 +9,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ...rankinfo import device, rank_info
-from .common import compare_with_checkpoint, shared_tmpdir, train
+from .runs import compare_with_checkpoint, shared_tmpdir, train
 
 _AS_GPU = {"on": False, "registered": False}
 

@@ -2,7 +2,11 @@
 none starts a process."""
 from __future__ import annotations
 
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -10,10 +14,37 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ...probes import record_collectives
+from ...probes import Timeline, record_collectives
 from ...rankinfo import ddp_kwargs, device, rank_info
 from ...ranklog import get_logger
-from .timeline import LoggedTimeline
+
+
+# Timelines that survive a hang: each span is written to the rank's log as it starts and ends,
+# so the spans of a rank the launcher had to kill are read back from its record (figures.py).
+LOGGER = "l03.timeline"
+
+
+@dataclass
+class LoggedTimeline(Timeline):
+    """A `probes.Timeline` that also logs `span start NAME T` and `span end NAME T0 T1`
+    (seconds since `align`) at DEBUG level: into the rank's record, not onto the console."""
+
+    log: Any = None
+
+    def align(self) -> None:
+        super().align()
+        self.log.debug("timeline t0 %.6f", time.time())
+
+    @contextmanager
+    def span(self, name: str):
+        start = time.perf_counter() - self.t0
+        self.log.debug("span start %s %.6f", name, start)
+        try:
+            yield
+        finally:
+            end = time.perf_counter() - self.t0
+            self.spans.append((name, start, end))
+            self.log.debug("span end %s %.6f %.6f", name, start, end)
 
 
 # -- 1. initialisation ----------------------------------------------------------------------
@@ -70,7 +101,7 @@ def train_and_report(report=report_on_rank0, steps: int = 3, barrier: bool = Fal
     model = DDP(TinyNet().to(dev), **ddp_kwargs(dev))
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     torch.manual_seed(info.rank + 1)
-    timeline = LoggedTimeline(log=get_logger("l03.timeline"))
+    timeline = LoggedTimeline(log=get_logger(LOGGER))
     timeline.align()
     with record_collectives(timeline):
         for step in range(steps):

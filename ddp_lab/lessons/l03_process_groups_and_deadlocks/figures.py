@@ -1,42 +1,13 @@
-"""Timelines that survive a hang: each span is written to the rank's log as it starts and ends,
-so the spans of a rank the launcher had to kill are read back from its record, the span it was
-stuck in ending when the rank was stopped. And the Gantt picture drawn from them."""
+"""Lesson 03's figure: the timelines that survive a hang. Each span a rank's `LoggedTimeline`
+(runs.py) wrote to its log is read back from its record, the span it was stuck in ending when the
+rank was stopped, and drawn as a Gantt chart per rank."""
 from __future__ import annotations
 
-import time
-from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Any
-
-from ...probes import Timeline
 from ...ranklog import records
+from .runs import LOGGER
 
-LOGGER = "l03.timeline"
 COLOURS = {"forward": "#4c72b0", "backward": "#55a868", "optimizer step": "#8172b2",
            "all_reduce": "#c44e52", "barrier": "#dd8452"}
-
-
-@dataclass
-class LoggedTimeline(Timeline):
-    """A `probes.Timeline` that also logs `span start NAME T` and `span end NAME T0 T1`
-    (seconds since `align`) at DEBUG level: into the rank's record, not onto the console."""
-
-    log: Any = None
-
-    def align(self) -> None:
-        super().align()
-        self.log.debug("timeline t0 %.6f", time.time())
-
-    @contextmanager
-    def span(self, name: str):
-        start = time.perf_counter() - self.t0
-        self.log.debug("span start %s %.6f", name, start)
-        try:
-            yield
-        finally:
-            end = time.perf_counter() - self.t0
-            self.spans.append((name, start, end))
-            self.log.debug("span end %s %.6f %.6f", name, start, end)
 
 
 def spans_from_run(result) -> tuple[list[list[tuple]], list[list[tuple]]]:
@@ -88,3 +59,8 @@ def timeline_figure(broken, fixed):
     return broken_beside_fixed(draw_timeline, broken, fixed, sharey=False,
                                title="Collectives per rank: loss all-reduced on rank 0 only, "
                                      "then on every rank")
+
+
+def figures(results) -> dict:
+    run = results["collective_on_rank0"]
+    return {"collective_timeline": timeline_figure(run["broken"], run["fixed"])}

@@ -1,5 +1,5 @@
-"""The per-rank code of lesson 06. Every function here runs on a rank (through `ddp_lab.launch`,
-or under torchrun for `torchrun_job`'s workers)."""
+"""The per-rank code of lesson 06: the training loops a learner debugs. Every function here runs
+on a rank (through `ddp_lab.launch`, or under torchrun: see `runs_torchrun.py`)."""
 from __future__ import annotations
 
 import logging
@@ -93,18 +93,6 @@ def train_tokens(vocab_size: int = len(VOCAB), bad_rank: int | None = 1, steps: 
     return {"steps": steps}
 
 
-def torchrun_job(vocab_size: int = len(VOCAB), nproc: int = 2) -> dict:
-    """Run `train_tokens` under torchrun (its elastic agent runs here; it starts `nproc`
-    workers of `torchrun_worker`). If a worker fails, torchrun raises ChildFailedError."""
-    from torch.distributed.run import main as torchrun
-
-    with tempfile.TemporaryDirectory(prefix="ddp-lab-torchrun-") as logs:  # its error files
-        torchrun(["--standalone", f"--nproc-per-node={nproc}", "--max-restarts=0",
-                  f"--log-dir={logs}", "-m", "ddp_lab.lessons.l06_logging_and_debugging.torchrun_worker",
-                  f"--vocab-size={vocab_size}"])
-    return {"nproc": nproc}
-
-
 # -- 3. TORCH_DISTRIBUTED_DEBUG on an unused parameter ----------------------------------------
 
 class AuxNet(nn.Module):
@@ -126,8 +114,17 @@ class BothHeads(AuxNet):
         return torch.cat([self.body(x), self.aux_head(x)], dim=1)
 
 
-def train_aux(model_cls=AuxNet, steps: int = 2) -> dict:
-    """A few DDP steps of `model_cls` (by default the one with the unused head)."""
+def detail_after_init() -> None:
+    """The workaround for this build's crash: DETAIL set after the process group exists. The
+    group stays unwrapped (no collective checks); DDP, built after this, reads DETAIL."""
+    dist.set_debug_level(dist.DebugLevel.DETAIL)
+
+
+def train_aux(model_cls=AuxNet, steps: int = 2, detail_late: bool = False) -> dict:
+    """A few DDP steps of `model_cls` (by default the one with the unused head); with
+    `detail_late`, TORCH_DISTRIBUTED_DEBUG=DETAIL is set after init_process_group."""
+    if detail_late:
+        detail_after_init()
     model, dev = _ddp(model_cls)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     for _ in range(steps):
@@ -135,7 +132,21 @@ def train_aux(model_cls=AuxNet, steps: int = 2) -> dict:
         opt.zero_grad()
         loss.backward()
         opt.step()
-    return {"steps": steps}
+    return {"steps": steps, "debug_level": str(dist.get_debug_level()).split(".")[-1]}
+
+
+def mismatched_collectives(detail_late: bool = False) -> dict:
+    """Rank 0 all-reduces while rank 1 broadcasts: a bug no debug level prevents. Under DETAIL
+    from the start the group is wrapped and compares the two calls before running them."""
+    if detail_late:
+        detail_after_init()
+    backend = type(dist.group.WORLD._get_backend(torch.device(device()))).__name__
+    t = torch.ones(4, device=device())
+    if rank_info().rank == 0:
+        dist.all_reduce(t)
+    else:
+        dist.broadcast(t, src=0)
+    return {"backend": backend}
 
 
 # -- 4. a rank stuck outside any collective ---------------------------------------------------

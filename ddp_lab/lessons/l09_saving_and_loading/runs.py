@@ -1,4 +1,4 @@
-"""What every scenario of lesson 09 shares: the model, a short DDP training run, fingerprints
+"""What every scenario of lesson 09 shares: a short DDP training run of `modules.Net`, fingerprints
 and checksums of state_dicts, and a temporary directory every rank sees. Runs on a rank."""
 from __future__ import annotations
 
@@ -10,26 +10,12 @@ import tempfile
 
 import torch
 import torch.distributed as dist
-import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ...probes import gather
 from ...rankinfo import ddp_kwargs, rank_info
-
-
-class Net(nn.Module):
-    """The model every scenario checkpoints. Its BatchNorm keeps running statistics that each
-    rank updates from its own batch, so ranks hold different buffers between forwards."""
-
-    def __init__(self):
-        super().__init__()
-        self.fc1 = nn.Linear(8, 16)
-        self.bn = nn.BatchNorm1d(16)
-        self.fc2 = nn.Linear(16, 4)
-
-    def forward(self, x):
-        return self.fc2(torch.relu(self.bn(self.fc1(x))))
+from .modules import Net
 
 
 def fingerprint(state: dict) -> str:
