@@ -24,11 +24,11 @@ def _details(summary: str, body: str) -> str:
 
 def run_result_html(result) -> str:
     """The HTML table of a `RunResult` (results.py calls this; display never imports results)."""
-    root = result.root_cause
     rows = []
     for r in result.ranks:
         colour = _COLOURS.get(r.status, "black")
-        mark = " ← root cause" if root is r and result._root_is_distinct() else ""
+        what, mark = result.what_happened(r)
+        mark = f" ← {mark}" if mark else ""
         folds = "".join([
             _details("traceback", r.error.traceback if r.error else ""),
             _details("stack when stopped", r.stack_summary() if r.stack else ""),
@@ -38,7 +38,7 @@ def run_result_html(result) -> str:
         rows.append(
             "<tr>" + _cell(f"rank {r.rank}")
             + _cell(r.status, f"color:{colour};font-weight:bold")
-            + _cell(("" if r.ok else r.headline) + mark)
+            + _cell(what + mark)
             + _cell(f"{r.seconds:.2f} s")
             + f'<td style="text-align:left">{folds}</td></tr>'
         )

@@ -238,8 +238,13 @@ class RunResult:
         if self.ok:
             return "all ranks ok"
         root = self.root_cause
-        lines = [f"rank {root.rank} failed first: {root.headline}"]
-        lines += [f"then rank {r.rank}: {r.headline}" for r in self.failures[1:]]
+        if returned := self.returned_while():
+            # No rank failed on its own: the one that returned left a collective unfinished.
+            lines = [f"{returned}: a collective needs every rank of the group"]
+            lines += [f"then rank {r.rank}: {r.headline}" for r in self.failures]
+        else:
+            lines = [f"rank {root.rank} failed first: {root.headline}"]
+            lines += [f"then rank {r.rank}: {r.headline}" for r in self.failures[1:]]
         if root.error and root.error.traceback:
             lines += ["", f"traceback of rank {root.rank}:", sanitize(root.error.traceback)]
         elif root.stack:
@@ -277,11 +282,32 @@ class RunResult:
         head = f"RunResult({self.label + ': ' if self.label else ''}{self.status}, "
         head += f"world_size={self.world_size}, backend={self.backend})"
         rows = [head]
-        root = self.root_cause
         for r in self.ranks:
-            mark = "  <- root cause" if root is r and self._root_is_distinct() else ""
-            rows.append(f"  rank {r.rank}: {r.status:<8} {r.headline if not r.ok else ''}{mark}".rstrip())
+            what, mark = self.what_happened(r)
+            rows.append(f"  rank {r.rank}: {r.status:<8} {what}{'  <- ' + mark if mark else ''}".rstrip())
         return "\n".join(rows)
+
+    def returned_while(self) -> str:
+        """'rank 1 returned while rank 0 was in all_reduce()' when no rank failed on its own and
+        a rank that returned left the others in a collective; '' otherwise."""
+        from .departed import describe
+
+        return "" if self.ok else describe(self.ranks)
+
+    def what_happened(self, r: RankResult) -> tuple[str, str]:
+        """(rank `r`'s line in the per-rank table, "root cause" or '')."""
+        if r.ok:
+            returned, _ = self._returned()
+            if r.rank not in returned:
+                return "", ""
+            return "returned while" + self.returned_while().split(" returned while", 1)[1], "root cause"
+        distinct = self.root_cause is r and self._root_is_distinct() and not self._returned()[0]
+        return r.headline, "root cause" if distinct else ""
+
+    def _returned(self):
+        from .departed import returned_while
+
+        return ([], {}) if self.ok else returned_while(self.ranks)
 
     def _repr_html_(self) -> str:
         return run_result_html(self)

@@ -95,3 +95,11 @@ def write_pid_and_hang(folder):
 
 def return_an_exception():
     return KeyError("type")
+
+
+def return_while_peer_reduces():
+    """Rank 1 returns at once; rank 0 all-reduces, with no partner left."""
+    if dist.get_rank() == 0:
+        t = torch.ones(4)
+        dist.all_reduce(t)
+    return dist.get_rank()
