@@ -22,6 +22,11 @@ def _details(summary: str, body: str) -> str:
             f'<pre style="max-height:20em;overflow:auto">{html.escape(sanitize(body))}</pre></details>')
 
 
+def _without(stderr: str, traceback: str) -> str:
+    """A rank's stderr less the traceback it printed, which the traceback fold shows already."""
+    return stderr.replace(traceback, "") if traceback.strip() else stderr
+
+
 def run_result_html(result) -> str:
     """The HTML table of a `RunResult` (results.py calls this; display never imports results)."""
     rows = []
@@ -33,7 +38,7 @@ def run_result_html(result) -> str:
             _details("traceback", r.error.traceback if r.error else ""),
             _details("stack when stopped", r.stack_summary() if r.stack else ""),
             _details("stdout", r.stdout),
-            _details("stderr", r.stderr),
+            _details("stderr", _without(r.stderr, r.error.traceback if r.error else "")),
         ])
         rows.append(
             "<tr>" + _cell(f"rank {r.rank}")
@@ -48,6 +53,24 @@ def run_result_html(result) -> str:
     head = "".join(f'<th style="text-align:left">{h}</th>' for h in ("rank", "status", "what happened", "time", "details"))
     return (f'<div><b style="color:{colour}">RunResult</b> {title}'
             f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table></div>")
+
+
+INTERRUPTED_LINE = "interrupted: the launch was stopped and every rank with it (their stacks are above)"
+
+
+def show_interrupted(result, note: str) -> None:
+    """What a notebook shows when the stop button lands during a launch: what the ranks printed
+    so far, where each stopped rank was, and the per-rank table (its folds hold the stacks)."""
+    result.print_output()
+    for r in result.ranks:
+        if r.note == note and r.stack_text():
+            print(f"rank {r.rank} was stopped in:\n{r.stack_text(6)}")
+    try:
+        from IPython.display import display
+    except ImportError:
+        print(repr(result))
+    else:
+        display(result)
 
 
 def source(obj) -> str:

@@ -73,17 +73,24 @@ def _check_picklable(name: str, obj) -> None:
                         f"ranks ({exc}); build it inside the cell instead") from exc
 
 
+CELL_NAME = "<%%ddp cell>"
+
+
 def run_cell(source: str, values: dict, modules: dict):
     """Runs on each rank: execute the cell; the value of a final expression is the rank's value."""
     import importlib
 
+    import linecache
+
+    # Tracebacks and stacks through the cell then show its lines, as for a file.
+    linecache.cache[CELL_NAME] = (len(source), None, source.splitlines(True), CELL_NAME)
     ns = {"__name__": "__main__", **values}
     ns.update({k: importlib.import_module(m) for k, m in modules.items()})
     tree = ast.parse(source)
     last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
-    exec(compile(tree, "<%%ddp cell>", "exec"), ns)
+    exec(compile(tree, CELL_NAME, "exec"), ns)
     if last is not None:
-        return eval(compile(ast.Expression(last.value), "<%%ddp cell>", "eval"), ns)
+        return eval(compile(ast.Expression(last.value), CELL_NAME, "eval"), ns)
     return None
 
 

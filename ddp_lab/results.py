@@ -21,6 +21,7 @@ ERROR = "error"      # it raised a Python exception
 TIMEOUT = "timeout"  # the launcher stopped it (its time was up, or a peer had failed)
 CRASHED = "crashed"  # the process died without a Python exception (a signal, os._exit)
 STATUSES = (OK, ERROR, TIMEOUT, CRASHED)
+INTERRUPTED = "interrupted (KeyboardInterrupt in the launching process)"  # a stopped rank's note
 SIMULTANEOUS = 0.1  # seconds: failures closer than this are not ordered by time
 _SEVERITY = {status: i for i, status in enumerate(STATUSES)}
 
@@ -108,7 +109,8 @@ class RankResult:
             return f"exited with status {self.exitcode} without a Python exception"
         if self.status == TIMEOUT:
             where = self.stuck_in()
-            return f"timed out{' in ' + where if where else ''}"
+            what = "interrupted" if self.note == INTERRUPTED else "timed out"
+            return f"{what}{' in ' + where if where else ''}"
         return self.status
 
     @property
@@ -136,13 +138,15 @@ class RankResult:
         """The stack dump, sanitized, without the launcher's own frames below the function."""
         keep = []
         for line in self.stack.splitlines():
-            if any(k in line for k in ("ddp_lab/_rank.py", "ddp_lab/_forkserver.py",
-                                       "<frozen runpy>", 'File "<string>"')):
+            if any(k in line for k in LAUNCHERS_FRAMES):
                 continue
             keep.append(line)
         return sanitize("\n".join(keep).strip())
 
 
+# Frames of the launcher's own in a stack dump: the rank's entry points and %%ddp's run_cell.
+LAUNCHERS_FRAMES = ("ddp_lab/_rank.py", "ddp_lab/_forkserver.py", "<frozen runpy>",
+                    'File "<string>"', "ddp_lab/magic.py")
 _FRAME = re.compile(r'File "([^"]+)", line \d+ in (\S+)')
 
 
@@ -164,7 +168,8 @@ def frames_text(stack: str, limit: int = 8) -> str:
     `.stack`, or a crashed rank's stderr), most recent call first, one `function  (file)` a
     line, the launcher's own frames left out: no line numbers, so it reads the same every run."""
     frames = [(f, fn) for f, fn in main_thread_frames(stack)
-              if not f.startswith("<frozen") and "ddp_lab/_" not in f and f != "<string>"]
+              if not f.startswith("<frozen") and "ddp_lab/_" not in f and f != "<string>"
+              and not f.endswith("ddp_lab/magic.py")]
     return "\n".join(f"  {fn}  ({sanitize(f)})" for f, fn in frames[:limit])
 
 
@@ -174,6 +179,24 @@ class DistributedRunError(RuntimeError):
     def __init__(self, result: "RunResult"):
         self.result = result
         super().__init__(result.describe_failure())
+
+
+class LaunchInterrupted(KeyboardInterrupt):
+    """The launching process was interrupted (Ctrl-C, Jupyter's stop button) during a launch.
+    Every rank was stopped; `result` holds what each did so far (output, stacks)."""
+
+    def __init__(self, result: "RunResult"):
+        self.result = result
+        super().__init__("launch interrupted: every rank stopped; their output and stacks so "
+                         "far are in this exception's .result")
+
+    def _render_traceback_(self) -> list[str]:
+        """IPython (a notebook, the stop button) shows this instead of a traceback through the
+        launcher: the ranks' output and stacks so far, then one line. The cell still fails."""
+        from .display import INTERRUPTED_LINE, show_interrupted
+
+        show_interrupted(self.result, INTERRUPTED)
+        return [f"{type(self).__name__}: {INTERRUPTED_LINE}"]
 
 
 @dataclass

@@ -5,6 +5,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 from .registry import Scenario
+from .results import LaunchInterrupted
 
 TEXT_LIMIT = 110  # ipywidgets cuts a widget's text/plain form here
 
@@ -47,7 +48,11 @@ def scenario_panel(scenario: Scenario, max_world_size: int = 4):
         with out:
             button.disabled = True
             try:
-                result = scenario.run(which.value, world_size=size.value)
+                try:
+                    result = scenario.run(which.value, world_size=size.value)
+                except LaunchInterrupted as stop:
+                    print("\n".join(stop._render_traceback_()))
+                    return
                 display(result)
                 problems = scenario.differences(which.value, result)
                 verdict = "as declared" if not problems else "NOT as declared: " + "; ".join(problems)
