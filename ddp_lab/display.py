@@ -11,8 +11,23 @@ from ._sanitize import sanitize
 _COLOURS = {"ok": "#27ae60", "error": "#c0392b", "timeout": "#d68910", "crashed": "#7d3c98"}
 
 
+HEADLINE_WIDTH = 120  # characters of "what happened" shown; the whole line is its tooltip
+_NOWRAP = "white-space:nowrap"
+_WHAT = "min-width:16em;max-width:48em;overflow-wrap:anywhere"
+
+
 def _cell(text: str, style: str = "") -> str:
     return f'<td style="text-align:left;{style}">{html.escape(text)}</td>'
+
+
+def _what_cell(what: str, mark: str) -> str:
+    """A long PyTorch message cut with "…" (its whole text in the tooltip and the traceback
+    fold), so the other columns keep their width."""
+    if len(what) <= HEADLINE_WIDTH:
+        return _cell(what + mark, _WHAT)
+    cut = what[:HEADLINE_WIDTH - 1].rstrip() + "…"
+    return (f'<td style="text-align:left;{_WHAT}" title="{html.escape(what)}">'
+            f"{html.escape(cut + mark)}</td>")
 
 
 def _details(summary: str, body: str) -> str:
@@ -41,10 +56,10 @@ def run_result_html(result) -> str:
             _details("stderr", _without(r.stderr, r.error.traceback if r.error else "")),
         ])
         rows.append(
-            "<tr>" + _cell(f"rank {r.rank}")
-            + _cell(r.status, f"color:{colour};font-weight:bold")
-            + _cell(what + mark)
-            + _cell(f"{r.seconds:.2f} s")
+            "<tr>" + _cell(f"rank {r.rank}", _NOWRAP)
+            + _cell(r.status, f"color:{colour};font-weight:bold;{_NOWRAP}")
+            + _what_cell(what, mark)
+            + _cell(f"{r.seconds:.2f} s", _NOWRAP)
             + f'<td style="text-align:left">{folds}</td></tr>'
         )
     title = html.escape(f"{result.label + ': ' if result.label else ''}{result.status}, "

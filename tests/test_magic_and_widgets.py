@@ -118,3 +118,23 @@ def test_the_stop_button_during_a_launch_shows_the_ranks_output_stacks_and_one_l
     assert not any(name in out for name in ("launcher.py", "_procs.py", "magic.py", "Traceback"))
     pids = [int(p.read_text()) for p in pid_files]
     assert not [pid for pid in pids if alive(pid)], "a rank outlived the interrupt"
+
+
+def test_a_long_pytorch_message_is_cut_with_an_ellipsis_and_kept_whole_in_its_tooltip():
+    import html
+    import re
+
+    from ddp_lab.display import HEADLINE_WIDTH
+
+    cell = ("import torch\nx = torch.ones(3, requires_grad=True)\ny = x.sigmoid()\ny.mul_(2)\n"
+            "y.sum().backward()\n")
+    result = ddp_cell("-n 1 --timeout 20 -q -o r", cell, ns := {}) or ns["r"]
+    headline = result.ranks[0].headline
+    assert len(headline) > HEADLINE_WIDTH and "modified by an inplace operation" in headline
+    page = result._repr_html_()
+    cell_html = re.search(r'<td style="text-align:left;min-width[^"]*" title="([^"]*)">([^<]*)</td>', page)
+    assert cell_html, "the 'what happened' cell has no tooltip"
+    assert html.unescape(cell_html.group(1)) == headline  # the whole message
+    shown = html.unescape(cell_html.group(2))
+    assert shown.endswith("…") and len(shown) <= HEADLINE_WIDTH and headline.startswith(shown[:-1])
+    assert '<td style="text-align:left;white-space:nowrap">rank 0</td>' in page
