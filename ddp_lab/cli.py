@@ -58,7 +58,7 @@ def cmd_check(args) -> int:
 def cmd_workshop(args) -> int:
     from .workshop import build_workshop
 
-    build_workshop(args.out, notebooks=args.notebooks)
+    build_workshop(args.out, notebooks=args.notebooks, slides_assets=args.slides_assets)
     return 0
 
 
@@ -76,6 +76,9 @@ def _add_kit_parsers(sub) -> None:
     ws.add_argument("action", choices=["build"])
     ws.add_argument("out", help="output folder")
     ws.add_argument("--notebooks", default="notebooks", help="folder of executed lesson notebooks")
+    ws.add_argument("--slides-assets", default=None, metavar="NODE_MODULES",
+                    help="offline slides: an npm node_modules with reveal.js@4.0.2 and requirejs "
+                         "(npm install --prefix DIR reveal.js@4.0.2 requirejs@2.3.7)")
     ws.set_defaults(func=cmd_workshop)
     site = sub.add_parser("site", help="a static HTML site of the executed notebooks")
     site.add_argument("action", choices=["build"])

@@ -120,6 +120,10 @@ def render_guide(lessons: list[LessonNotebook]) -> str:
         "one line per check, exit status 0 when all pass. Collect the failures a week ahead; the "
         "fixes are under *Machine problems* below. Give attendees `student/` (no solutions); keep "
         "`instructor/` and `slides/` for yourself.", "",
+        "The slides load reveal.js (unpkg.com) and require.js (cdnjs) when opened, so they need "
+        "internet. For a room without it, build the kit with npm's copies beside them: `npm "
+        "install --prefix DIR reveal.js@4.0.2 requirejs@2.3.7`, then `ddp-lab workshop build OUT "
+        "--slides-assets DIR/node_modules` (they go to `slides/assets/`).", "",
         "## What the agendas are built from", "",
         f"Execution time: the sum of the code cells' run times that nbclient recorded in each "
         f"committed notebook when `tools/execute_notebook.py` executed it on 2 CPU cores. Reading "

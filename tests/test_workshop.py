@@ -103,3 +103,38 @@ def test_the_agendas_fit_their_time_from_the_committed_notebooks():
 def test_a_missing_notebook_folder_is_named(tmp_path, capsys):
     assert main(["workshop", "build", str(tmp_path / "out"), "--notebooks", str(tmp_path / "nope")]) == 2
     assert "no notebook folder" in capsys.readouterr().err and not (tmp_path / "out").exists()
+
+
+def _assets(folder: Path) -> Path:
+    """The files --slides-assets needs, as `npm install reveal.js@4.0.2 requirejs` lays them out
+    (contents beside the point here: the slides were rendered offline in Chromium by hand)."""
+    for name in ("reveal.js/dist/reveal.js", "reveal.js/dist/reveal.css",
+                 "reveal.js/dist/theme/simple.css", "reveal.js/plugin/notes/notes.js",
+                 "requirejs/require.js"):
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text("/* stand-in */")
+    return folder
+
+
+def test_offline_slides_load_reveal_and_require_from_beside_them(tmp_path):
+    notebooks = tmp_path / "nb"
+    notebooks.mkdir()
+    nbformat.write(tagged_notebook(), notebooks / "98_tagged.ipynb")
+    out = tmp_path / "kit"
+    assert main(["workshop", "build", str(out), "--notebooks", str(notebooks),
+                 "--slides-assets", str(_assets(tmp_path / "node_modules"))]) == 0
+    slides = (out / "slides" / "98_tagged.slides.html").read_text()
+    assert "unpkg.com/reveal.js" not in slides and "require.js/2.1.10" not in slides
+    assert '"assets/reveal.js/dist/reveal.js"' in slides and 'src="assets/requirejs/require.js"' in slides
+    assert (out / "slides" / "assets" / "reveal.js" / "dist" / "theme" / "simple.css").is_file()
+    assert "--slides-assets DIR/node_modules" in (out / "INSTRUCTOR.md").read_text()
+
+
+def test_missing_slides_assets_are_named_and_nothing_is_built(tmp_path, capsys):
+    (tmp_path / "node_modules" / "reveal.js").mkdir(parents=True)
+    out = tmp_path / "kit"
+    assert main(["workshop", "build", str(out), "--slides-assets", str(tmp_path / "node_modules")]) == 2
+    err = capsys.readouterr().err
+    assert "missing reveal.js/dist/reveal.js" in err and "requirejs/require.js" in err
+    assert "npm install --prefix DIR reveal.js@4.0.2 requirejs@2.3.7" in err
+    assert not out.exists()
