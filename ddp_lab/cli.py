@@ -124,11 +124,16 @@ def main(argv=None) -> int:
 
 def _main(argv) -> int:
     args = build_parser().parse_args(argv)
+    from .results import LaunchInterrupted
+
     try:
         return args.func(args)
     except (KeyError, ValueError) as exc:
         print(f"ddp-lab: {exc.args[0] if exc.args else exc}", file=sys.stderr)
         return 2
+    except LaunchInterrupted as stop:  # Ctrl-C during a launch: what the ranks did, one line
+        print("\n".join(stop._render_traceback_()), file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":
