@@ -20,6 +20,8 @@ import time
 import traceback
 from datetime import timedelta
 
+from . import flight
+
 STACK_SIGNAL = signal.SIGUSR1
 _KEEP_ALIVE: list = []
 
@@ -164,6 +166,7 @@ def child_main(spec_path: str) -> None:
     if "torch.distributed" in sys.modules:  # preloaded: re-read what torch read at import
         sys.modules["torch.distributed"].set_debug_level_from_env()
     _arm_stack_dump(spec)
+    flight.arm(spec)  # a hung rank still dumps its flight record when the launcher asks
     start = time.time()
     code = 0
     try:
@@ -175,6 +178,7 @@ def child_main(spec_path: str) -> None:
         # until os._exit: freeing a process group there, with the GIL held, can deadlock in
         # ~ProcessGroupGloo while its worker thread waits for the GIL (seen on torch 2.13).
         _KEEP_ALIVE.append(exc)
+    flight.dump_at_exit(spec)
     _teardown()
     record["seconds"] = time.time() - start
     _write_result(spec["result"], record)

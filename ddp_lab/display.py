@@ -52,6 +52,7 @@ def run_result_html(result) -> str:
         folds = "".join([
             _details("traceback", r.error.traceback if r.error else ""),
             _details("stack when stopped", r.stack_summary() if r.stack else ""),
+            _details("native stack (py-spy)", r.native_stack),
             _details("stdout", r.stdout),
             _details("stderr", _without(r.stderr, r.error.traceback if r.error else "")),
         ])
@@ -65,6 +66,12 @@ def run_result_html(result) -> str:
     title = html.escape(f"{result.label + ': ' if result.label else ''}{result.status}, "
                         f"world_size={result.world_size}, backend={result.backend}")
     colour = _COLOURS.get(result.status, "black")
+    parting = result.parting() if result.status == "timeout" else ""
+    if parting:
+        from .parting import table
+
+        rows.append(f'<tr><td colspan="5" style="text-align:left">{html.escape(parting)}'
+                    f'{_details("flight recorder", table(result.ranks))}</td></tr>')
     head = "".join(f'<th style="text-align:left">{h}</th>' for h in ("rank", "status", "what happened", "time", "details"))
     return (f'<div><b style="color:{colour}">RunResult</b> {title}'
             f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table></div>")

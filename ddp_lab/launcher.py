@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from . import _procs
+from . import _procs, flight, pyspy
 from .rankinfo import in_torchrun
 from .results import (CRASHED, ERROR, INTERRUPTED, OK, TIMEOUT, ErrorInfo, LaunchInterrupted,
                       RankResult, RunResult)
@@ -27,6 +27,7 @@ START_METHODS = ("auto", "forkserver", "spawn")
 IMPORT_TIME_VARS = ("TORCH_CPP_LOG_LEVEL", "TORCH_SHOW_CPP_STACKTRACES", "TORCH_LOGS",
                     "OMP_NUM_THREADS", "MKL_NUM_THREADS", "GLOG_v", "GLOG_minloglevel")
 STACK_WAIT = 1.0  # seconds to let a rank write its stacks before it is killed
+DEFAULT_TIMEOUT = 60.0
 PG_TIMEOUT_MARGIN = 10.0  # the process group's own timeout outlasts the launch's
 # A rank's clock starts when it is ready (imports and process-group set-up done). Until then it
 # is bounded by this start-up limit, generous for a loaded machine and a cold fork server.
@@ -43,6 +44,8 @@ class _Rank:
     exitcode: int | None = None
     ended_at: float | None = None
     stopped: str = ""  # why the launcher stopped it, if it did
+    native: bool = False  # ask py-spy for its native stack before stopping it
+    native_stack: str = ""
 
     def deadline(self, timeout: float) -> float:
         if self.ready_at is None:
@@ -64,21 +67,28 @@ class _LaunchSpec:
     world_size: int
 
 
-def launch(fn: Callable, *args, world_size: int = 2, backend: str = "auto", timeout: float = 60,
+def launch(fn: Callable, *args, world_size: int = 2, backend: str = "auto",
+           timeout: float | None = None,
            env: dict[str, str] | None = None, init_process_group: bool = True,
            start_method: str = "auto", grace: float = 5.0, label: str = "",
-           **kwargs) -> RunResult:
+           native_stacks: bool = False, **kwargs) -> RunResult:
     """Run `fn(*args, **kwargs)` once per rank, each rank a fresh process, and return a
     `RunResult` with every rank's status, value or error, output and (if it hung) stack.
 
-    `timeout` bounds each rank's run, counted from the moment that rank is ready (its imports
+    `timeout` (default 60 s; giving one turns on the flight recorder) bounds each rank's run, counted from the moment that rank is ready (its imports
     and process-group set-up done, just before it calls `fn`), so neither a cold fork server nor
     a loaded machine eats into it; a rank that never gets ready is stopped `STARTUP_LIMIT` s
     after it started. Once every running rank's time is up, their stacks are captured and they
     are killed. After a rank fails, the others get `grace` seconds to finish or fail on their
     own before they are stopped the same way.
     """
+    # A timeout the caller chose turns on PyTorch's flight recorder (it costs a warm launch a
+    # few per cent; see README): each rank's collectives then come back in `collectives`.
+    record = timeout is not None
+    timeout = DEFAULT_TIMEOUT if timeout is None else timeout
     _check_args(fn, world_size, timeout, env, start_method, grace)
+    if native_stacks:
+        pyspy.require()  # says so, before anything starts, when py-spy is not installed
     if in_torchrun():
         from .torchrun import run_here
 
@@ -97,12 +107,13 @@ def launch(fn: Callable, *args, world_size: int = 2, backend: str = "auto", time
         for attempt in (1, 2):
             store = _rendezvous_store(timeout)
             spec = _LaunchSpec(os.path.join(workdir, str(attempt)), payload,
-                               dict(os.environ, **env, **_rendezvous_env(world_size, store.port)),
+                               _base_env(env, world_size, store.port, record),
                                backend, timeout, init_process_group, start_method, world_size)
             os.mkdir(spec.workdir)
             try:
                 for r in range(world_size):
                     ranks.append(_start_rank(r, spec))
+                    ranks[-1].native = native_stacks
                 break
             except _procs.ServerDied:
                 if attempt == 2:
@@ -208,6 +219,13 @@ def _rendezvous_store(timeout: float):
                     timeout=timedelta(seconds=timeout + PG_TIMEOUT_MARGIN))
 
 
+def _base_env(env: dict, world_size: int, port: int, record: bool) -> dict:
+    base = dict(os.environ, **env, **_rendezvous_env(world_size, port))
+    if record:
+        base.setdefault(flight.ENV, flight.BUFFER)  # unless the caller set it (0: off)
+    return base
+
+
 def _rendezvous_env(world_size: int, port: int) -> dict[str, str]:
     return {"WORLD_SIZE": str(world_size), "LOCAL_WORLD_SIZE": str(world_size),
             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "GROUP_RANK": "0",
@@ -217,6 +235,7 @@ def _rendezvous_env(world_size: int, port: int) -> dict[str, str]:
 def _start_rank(r: int, launch: _LaunchSpec) -> _Rank:
     paths = {k: os.path.join(launch.workdir, f"rank{r}.{k}")
              for k in ("stdout", "stderr", "stack", "result", "ready")}
+    flight.prepare(paths, launch.workdir, r)
     env = dict(launch.base_env, RANK=str(r), LOCAL_RANK=str(r))
     spec = dict(paths, payload=launch.payload, env=env, sys_path=list(sys.path),
                 backend=launch.backend, init_process_group=launch.init_process_group,
@@ -265,6 +284,10 @@ def _watch(ranks: list[_Rank], timeout: float, grace: float) -> None:
 def _stop(running: list[_Rank], why: str) -> None:
     import signal as _signal
 
+    asked = [rk for rk in running if flight.request(rk.paths)]  # each dumps its flight record
+    until = time.time() + STACK_WAIT
+    while time.time() < until and not all(os.path.exists(rk.paths["flight"]) for rk in asked):
+        time.sleep(0.01)
     for rk in running:
         try:
             os.kill(rk.handle.pid, _signal.SIGUSR1)  # faulthandler dumps every thread's stack
@@ -279,6 +302,8 @@ def _stop(running: list[_Rank], why: str) -> None:
         sizes = now_sizes
         time.sleep(0.05)
     for rk in running:
+        if rk.native:
+            rk.native_stack = pyspy.dump(rk.handle.pid)
         rk.handle.kill()
         rk.stopped = why
     until = time.time() + 5
@@ -314,7 +339,8 @@ def _rank_result(rk: _Rank, start: float) -> RankResult:
     res = RankResult(rank=rk.rank, status=OK, stdout=_read(rk.paths["stdout"]),
                      stderr=_read(rk.paths["stderr"]), stack=_read(rk.paths["stack"]),
                      exitcode=rk.exitcode, seconds=(rk.ended_at or time.time()) - start,
-                     note=rk.stopped)
+                     note=rk.stopped, collectives=flight.read(rk.paths),
+                     native_stack=rk.native_stack)
     record = None
     if os.path.exists(rk.paths["result"]):
         with open(rk.paths["result"], "rb") as f:

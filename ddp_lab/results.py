@@ -80,6 +80,10 @@ class RankResult:
     seconds: float = 0.0
     failed_at: float | None = None  # wall-clock time of the failure, for root-cause ordering
     note: str = ""  # why the launcher stopped this rank, when it did
+    # What the flight recorder saw this rank enter (ddp_lab.flight.Collective, oldest first);
+    # None when it left no record.
+    collectives: list | None = None
+    native_stack: str = ""  # py-spy's native stack when it hung (launch(native_stacks=True))
 
     def __post_init__(self):
         if self.status not in STATUSES:
@@ -268,6 +272,7 @@ class RunResult:
         else:
             lines = [f"rank {root.rank} failed first: {root.headline}"]
             lines += [f"then rank {r.rank}: {r.headline}" for r in self.failures[1:]]
+        lines += [p] if (p := self.parting()) else []
         if root.error and root.error.traceback:
             lines += ["", f"traceback of rank {root.rank}:", sanitize(root.error.traceback)]
         elif root.stack:
@@ -308,7 +313,15 @@ class RunResult:
         for r in self.ranks:
             what, mark = self.what_happened(r)
             rows.append(f"  rank {r.rank}: {r.status:<8} {what}{'  <- ' + mark if mark else ''}".rstrip())
+        if self.status == "timeout" and (p := self.parting()):
+            rows.append(f"  {p}")
         return "\n".join(rows)
+
+    def parting(self) -> str:
+        """Where the flight recorder saw the ranks part ('' when they did not, or no record)."""
+        from .parting import describe
+
+        return describe(self.ranks)
 
     def returned_while(self) -> str:
         """'rank 1 returned while rank 0 was in all_reduce()' when no rank failed on its own and

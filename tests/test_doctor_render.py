@@ -67,6 +67,8 @@ def test_stacks_name_the_users_file_and_fold_the_doctors_frames(tmp_path):
     for own in ("<dynamic-code", "doctor/trace.py", "probes.py", "doctor/sync.py", "dynamic.py"):
         assert own not in f.trace, f.trace
     assert "... (the doctor's own frames)" in f.trace
+    # every rank's stack is there, not only the first (folding does not swallow what follows)
+    assert "--- stack of rank 0 ---" in f.trace and "--- stack of rank 1 ---" in f.trace, f.trace
 
 
 def _jupyterlab_css() -> tuple[str, dict[str, str]]:

@@ -128,13 +128,18 @@ def _hang(result, recs, where: dict | None = None) -> Finding:
     for r in result.ranks:
         if r.status == "timeout":
             mine = user_frame_in(r.stack, where)
-            where = ", ".join(x for x in (r.stuck_in(), f"called from {mine}" if mine else "") if x)
-            ev.append(f"rank {r.rank} stuck {phase_of(recs[r.rank])}: {where or 'see its stack'}"
+            at = ", ".join(x for x in (r.stuck_in(), f"called from {mine}" if mine else "") if x)
+            ev.append(f"rank {r.rank} stuck {phase_of(recs[r.rank])}: {at or 'see its stack'}"
                       + _forward_calls(recs[r.rank]))
         else:
             ev.append(f"rank {r.rank}: {r.status} ({phase_of(recs[r.rank])})")
     traces = "\n\n".join(f"--- stack of rank {r.rank} ---\n{_main_thread(r.stack_summary())}"
                          for r in result.ranks if r.stack)
+    if parted := result.parting():  # the flight recorder's table, as in the launcher's report
+        from ..parting import table
+
+        ev.append(parted)
+        traces = f"--- flight recorder ---\n{table(result.ranks)}\n\n{traces}"
     return Finding(
         "error", "hang", "03", f"the ranks hung (stopped after {result.timeout:g} s)",
         ev + ["a collective some ranks call and others do not (or call in another order) waits "

@@ -53,9 +53,9 @@ def tidy(trace: str, where: dict | None = None) -> str:
     i = 0
     while i < len(lines):
         m = _FRAME.match(lines[i])
-        if not m:
-            if not folding:
-                out.append(lines[i])
+        if not m:  # a header, a message, another rank's stack: never the folded frames' own
+            out.append(lines[i])
+            folding = False
             i += 1
             continue
         body = [lines[i]]

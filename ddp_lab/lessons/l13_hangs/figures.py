@@ -1,0 +1,60 @@
+"""Lesson 13's figure: each rank's recorded collectives (from the flight recorder) along their
+sequence numbers, the collective where the ranks part marked, broken beside fixed."""
+from __future__ import annotations
+
+from ...parting import find
+from ...plots import BROKEN, FIXED, figure
+
+PANELS = (("rank0_evaluation", "1. rank-0 evaluation through DDP"),
+          ("slow_rank0_save", "2. slow rank-0 save"),
+          ("uneven_steps", "3. early stopping per rank"),
+          ("mismatched_broadcast", "4. broadcast of mismatched size"))
+MARKERS = {"all_reduce": "o", "broadcast": "s", "barrier": "D"}
+LAST = 8  # collectives shown per panel: the last ones, up to where the ranks part
+
+
+def draw_timeline(ax, result, title: str, colour: str) -> None:
+    """One row per rank, one marker per recorded collective (marker: op, size: elements)."""
+    ranks = [r for r in result.ranks if r.collectives is not None]
+    parting = find(result.ranks)
+    top = max((c.seq for r in ranks for c in r.collectives), default=0)
+    end = min(top, parting.seq + 1) if parting else top
+    for r in ranks:
+        for c in r.collectives:
+            if end - LAST < c.seq <= end and c.group == "0":  # the default group
+                ax.scatter(c.seq, r.rank, marker=MARKERS.get(c.op, "^"), s=70, color=colour,
+                           edgecolor="black", linewidth=0.5, zorder=3)
+                ax.annotate(f"{c.op}\n{c.shape.replace(' float32', '')}", (c.seq, r.rank),
+                            textcoords="offset points", xytext=(0, 9), ha="center", fontsize=6)
+    if parting:
+        ax.axvline(parting.seq, color=BROKEN, linestyle="--", linewidth=1.5)
+        ax.text(parting.seq, -0.45, f" the ranks part at #{parting.seq} ({parting.kind})",
+                color=BROKEN, fontsize=7, va="bottom")
+    ax.set_ylim(-0.5, len(result.ranks) - 0.3)
+    ax.set_yticks(range(len(result.ranks)), [f"rank {r.rank}" for r in result.ranks])
+    ax.set_xlim(max(0.5, end - LAST + 0.5), end + 0.8)
+    gap = _gap(ranks, end)
+    if gap > 1.0:  # a rank entered the last collective seconds after another: it was elsewhere
+        ax.text(end, -0.45, f"entered {gap:.0f} s apart ", color=BROKEN, fontsize=7,
+                va="bottom", ha="right")
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("collective sequence number (flight recorder)")
+    ax.set_title(title, fontsize=9, color=colour)
+    ax.grid(axis="x", alpha=0.3)
+
+
+def _gap(ranks, seq: int) -> float:
+    times = [c.created for r in ranks for c in r.collectives if c.seq == seq and c.group == "0"]
+    return max(times) - min(times) if len(times) > 1 else 0.0
+
+
+def figures(results) -> dict:
+    fig, axes = figure(2, nrows=len(PANELS), width=5.6, height=2.0,
+                       title="Each rank's recorded collectives: where the ranks part, broken beside fixed")
+    for row, (name, title) in enumerate(PANELS):
+        for col, which in enumerate(("broken", "fixed")):
+            draw_timeline(axes[2 * row + col], results[name][which], f"{title}: {which}",
+                          BROKEN if which == "broken" else FIXED)
+    return {"collective_timelines": fig}
