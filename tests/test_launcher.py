@@ -84,6 +84,9 @@ def test_a_rank_that_returns_while_its_peer_reduces_is_named_not_the_peer():
         said + ": a collective needs every rank of the group",
         "then rank 0: RuntimeError: lost its connection to a peer (a consequence)"]
     assert "failed first" not in result.describe_failure()
+    # the flight recorder's evidence (a timeout was given): rank 1 never entered collective #1
+    assert ("rank 0 entered all_reduce #1 ([4] float32); rank 1 entered no collective and "
+            "returned") in result.describe_failure()
     rows = repr(result).splitlines()
     assert rows[2] == "  rank 1: ok       returned while rank 0 was in all_reduce()  <- root cause"
     assert "root cause" not in rows[1]
