@@ -60,9 +60,19 @@ def returned_while(ranks) -> tuple[list[int], dict[int, str]]:
     if not failed or not returned or not all(r.is_collateral for r in failed):
         return [], {}
     waiting = {r.rank: waiting_in(r) for r in failed}
-    if not all(waiting.values()):
+    if not all(waiting.values()) or _took_part(ranks, failed, returned):
         return [], {}
     return returned, waiting
+
+
+def _took_part(ranks, failed, returned) -> bool:
+    """The flight recorder saw a returned rank enter the collective a failed rank is stuck in:
+    it did its part and left (a size or op mismatch, which `parting` names), it did not leave
+    the collective unfinished."""
+    def seqs(r):
+        return {c.seq for c in (getattr(r, "collectives", None) or []) if c.group == "0"}
+    done = set().union(*(seqs(r) for r in ranks if r.rank in returned))
+    return any(seqs(r) and max(seqs(r)) in done for r in failed)
 
 
 def describe(ranks) -> str:

@@ -103,3 +103,10 @@ def return_while_peer_reduces():
         t = torch.ones(4)
         dist.all_reduce(t)
     return dist.get_rank()
+
+
+def reduce_four_and_three():
+    """Both ranks all-reduce once, rank 0 four numbers, rank 1 three: rank 1 returns."""
+    t = torch.ones(4 - dist.get_rank())
+    dist.all_reduce(t)
+    return dist.get_rank()

@@ -93,6 +93,15 @@ def test_a_rank_that_returns_while_its_peer_reduces_is_named_not_the_peer():
     assert "returned while rank 0 was in all_reduce() ← root cause" in result._repr_html_()
 
 
+def test_a_rank_that_did_its_part_of_the_collective_is_not_said_to_have_left_it():
+    # Rank 1 all-reduces 3 numbers and returns; rank 0 waits in the same all_reduce for a 4th.
+    # The flight recorder saw both enter collective #1: the mismatch is the story, not a return.
+    result = launch(body.reduce_four_and_three, timeout=20)
+    assert [r.status for r in result.ranks] == ["error", "ok"], repr(result)  # as lesson 03's
+    assert result.returned_while() == ""
+    assert "(size mismatch" in result.describe_failure()
+
+
 def test_os_exit_3_is_a_crash_with_its_status():
     result = launch(body.exit_3_on_rank1, timeout=20, grace=2)
     assert result.status == "crashed"
