@@ -25,7 +25,10 @@ def _what_cell(what: str, mark: str) -> str:
     fold), so the other columns keep their width."""
     if len(what) <= HEADLINE_WIDTH:
         return _cell(what + mark, _WHAT)
-    cut = what[:HEADLINE_WIDTH - 1].rstrip() + "…"
+    cut = what[:HEADLINE_WIDTH - 1]
+    if cut.rfind(" ") > HEADLINE_WIDTH - 30:  # at a word boundary when one is near
+        cut = cut[:cut.rfind(" ")]
+    cut = cut.rstrip() + "…"
     return (f'<td style="text-align:left;{_WHAT}" title="{html.escape(what)}">'
             f"{html.escape(cut + mark)}</td>")
 
@@ -33,7 +36,7 @@ def _what_cell(what: str, mark: str) -> str:
 def _details(summary: str, body: str) -> str:
     if not body.strip():
         return ""
-    return (f"<details><summary>{html.escape(summary)}</summary>"
+    return (f'<details><summary style="{_NOWRAP}">{html.escape(summary)}</summary>'
             f'<pre style="max-height:20em;overflow:auto">{html.escape(sanitize(body))}</pre></details>')
 
 
@@ -61,7 +64,7 @@ def run_result_html(result) -> str:
             + _cell(r.status, f"color:{colour};font-weight:bold;{_NOWRAP}")
             + _what_cell(what, mark)
             + _cell(f"{r.seconds:.2f} s", _NOWRAP)
-            + f'<td style="text-align:left">{folds}</td></tr>'
+            + f'<td style="text-align:left;min-width:8em">{folds}</td></tr>'
         )
     title = html.escape(f"{result.label + ': ' if result.label else ''}{result.status}, "
                         f"world_size={result.world_size}, backend={result.backend}")

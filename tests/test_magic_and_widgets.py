@@ -37,7 +37,7 @@ def test_a_cell_that_raises_reports_the_rank():
     # ... and the table shows it once: the stderr fold does not repeat the traceback fold
     html = result._repr_html_()
     assert html.count("index 5 is out of bounds") == 2 * 2  # per rank: headline, traceback fold
-    assert "<summary>stderr</summary>" not in html
+    assert ">stderr</summary>" not in html and ">traceback</summary>" in html
 
 
 @pytest.mark.parametrize("line, message", [
