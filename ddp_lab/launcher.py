@@ -75,12 +75,15 @@ def launch(fn: Callable, *args, world_size: int = 2, backend: str = "auto",
     """Run `fn(*args, **kwargs)` once per rank, each rank a fresh process, and return a
     `RunResult` with every rank's status, value or error, output and (if it hung) stack.
 
-    `timeout` (default 60 s; giving one turns on the flight recorder) bounds each rank's run, counted from the moment that rank is ready (its imports
-    and process-group set-up done, just before it calls `fn`), so neither a cold fork server nor
-    a loaded machine eats into it; a rank that never gets ready is stopped `STARTUP_LIMIT` s
+    `timeout` (default 60 s; giving one turns on the flight recorder) bounds each rank's run,
+    counted from the moment that rank is ready (its imports and process-group set-up done, just
+    before it calls `fn`), so neither a cold fork server nor a loaded machine eats into it; a rank that never gets ready is stopped `STARTUP_LIMIT` s
     after it started. Once every running rank's time is up, their stacks are captured and they
     are killed. After a rank fails, the others get `grace` seconds to finish or fail on their
     own before they are stopped the same way.
+
+    Keyword arguments named like an option of `launch` (`timeout`, `env`, `label`, ...) are
+    taken by `launch`; bind such an argument first: `launch(functools.partial(fn, timeout=3))`.
     """
     # A timeout the caller chose turns on PyTorch's flight recorder (it costs a warm launch a
     # few per cent; see README): each rank's collectives then come back in `collectives`.

@@ -91,11 +91,6 @@ def gantt(ax, spans_by_rank: Sequence[Sequence[tuple[str, float, float]]], *, ti
     ax.grid(axis="x", alpha=0.3)
 
 
-def save(fig, path) -> str:
-    fig.savefig(path, dpi=110)
-    return str(path)
-
-
 def _patch(colour):
     from matplotlib.patches import Patch
 

@@ -28,7 +28,9 @@ _SEVERITY = {status: i for i, status in enumerate(STATUSES)}
 # Errors a rank raises because a peer died or stopped, not because of its own bug.
 _COLLATERAL = re.compile(r"Connection closed by peer|Connection reset by peer|Broken pipe|"
                          r"ECONNRESET|EPIPE|communicator was aborted|Socket Timeout|"
-                         r"failed to recv|failed to send|Timed out waiting", re.I)
+                         r"failed to recv|failed to send", re.I)
+# gloo's "Timed out waiting Nms for recv operation" is NOT here: it is the rank's own process-group
+# timeout, with its peer alive elsewhere (a slow save, another collective): the cause to headline.
 
 
 def peer_gone(message: str) -> bool:
@@ -157,7 +159,7 @@ _FRAME = re.compile(r'File "([^"]+)", line \d+ in (\S+)')
 def main_thread_frames(stack: str) -> list[tuple[str, str]]:
     """(filename, function) of the main thread's frames, innermost first, from a faulthandler dump."""
     blocks = re.split(r"\n(?=(?:Current thread|Thread) 0x)", stack)
-    main = [b for b in blocks if "<module>" in b or "_rank_main" in b or "child_main" in b]
+    main = [b for b in blocks if "<module>" in b or "child_main" in b]
     block = main[0] if main else (blocks[0] if blocks else "")
     return _FRAME.findall(block)
 

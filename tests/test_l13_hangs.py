@@ -27,6 +27,9 @@ def test_rank0_evaluation_parts_at_the_buffer_broadcast(runs):
 def test_slow_save_rank1_times_out_while_rank0_saves(runs):
     result = runs("slow_rank0_save", "broken")
     assert f"Timed out waiting {l13.PG_TIMEOUT * 1000:.0f}ms" in result.ranks[1].error.message
+    # gloo's own timeout is the cause, headlined as such, not "lost its connection to a peer"
+    assert not result.ranks[1].is_collateral and result.ranks[0].is_collateral
+    assert "Timed out waiting" in result.ranks[1].headline
     assert l13.entry_gap(result) > l13.SAVE - l13.PG_TIMEOUT
     assert l13.entry_gap(runs("slow_rank0_save", "fixed")) < l13.PG_TIMEOUT
 

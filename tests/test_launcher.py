@@ -180,6 +180,15 @@ def test_function_defined_here_travels_by_value():
     assert launch(local_fn).values == [6, 6]
 
 
+def test_an_argument_named_like_an_option_is_bound_with_partial():
+    import functools
+
+    def fn(timeout=None, label=None):
+        return timeout, label
+
+    assert launch(functools.partial(fn, timeout=3, label="x"), timeout=30).values == [(3, "x")] * 2
+
+
 def test_keyboard_interrupt_in_the_parent_leaves_nothing_behind_and_next_launch_works():
     def interrupt():
         time.sleep(1.0)

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 
 from .report import Finding
 from .static import names
-from .trace import _SKIP, describe_frame
+from .trace import user_frame
 
 # torch functions and Tensor methods whose result is a random draw
 DRAWS = {"rand", "randn", "randint", "rand_like", "randn_like", "randint_like", "randperm",
@@ -63,20 +63,6 @@ def fingerprint(t) -> str | None:
     return hashlib.blake2b(data.numpy().tobytes(), digest_size=8).hexdigest()
 
 
-def _user_location(frame) -> str:
-    """The first frame outside torch, the random modules and the doctor, described; "" when
-    that is the doctor's own or the launcher's code."""
-    while frame is not None:
-        name = frame.f_code.co_filename.replace("\\", "/")
-        if not any(s in name for s in _SKIP + ("/random.py", "/numpy/")):
-            if "/ddp_lab/" in name and "/ddp_lab/lessons/" not in name:
-                return ""
-            code = frame.f_code
-            return describe_frame(name, frame.f_lineno, getattr(code, "co_qualname", code.co_name))
-        frame = frame.f_back
-    return ""
-
-
 def _global_functions():
     """(label, module, {name: bound method}) for each global generator: the module-level
     functions of `random` and `numpy.random` are bound methods of one hidden instance."""
@@ -100,7 +86,7 @@ def _state(label: str):
 
 def _recording(label: str, module_name: str, name: str, func, found: list[str]):
     def call(*args, **kwargs):
-        where = _user_location(sys._getframe(1))
+        where = user_frame(sys._getframe(1), skip=("/random.py", "/numpy/"))
         entry = f"{label}: {module_name}.{name}() at {where}"
         if where and entry not in found:
             found.append(entry)
@@ -132,8 +118,6 @@ def watch_global_generators(found: list[str]):
 def _draw_mode(draws: list[dict], inside: list[str]):
     import torch
     from torch.overrides import TorchFunctionMode
-
-    from .trace import user_frame
 
     class RandomDraws(TorchFunctionMode):
         """Records a fingerprint of every random draw forward makes through torch."""

@@ -37,13 +37,14 @@ def describe_frame(filename: str, lineno: int, qualname: str) -> str:
     return f"{qualname} ({short_file(filename)}:{lineno}){': ' + code if code else ''}"
 
 
-def user_frame() -> str:
-    """The innermost frame of the stack outside torch, described; "" when that frame is the
-    doctor's own (e.g. its loss) or the launcher's, not the user's code."""
-    frame = sys._getframe(1)
+def user_frame(frame=None, skip: tuple[str, ...] = ()) -> str:
+    """The innermost frame of the stack (from `frame`, else the caller's) outside torch and
+    `skip`, described; "" when that frame is the doctor's own (e.g. its loss) or the
+    launcher's, not the user's code."""
+    frame = frame or sys._getframe(1)
     while frame is not None:
         name = frame.f_code.co_filename.replace("\\", "/")
-        if not any(s in name for s in _SKIP):
+        if not any(s in name for s in _SKIP + skip):
             if ("/ddp_lab/" in name and "/ddp_lab/lessons/" not in name) or name == "<string>":
                 return ""
             code = frame.f_code

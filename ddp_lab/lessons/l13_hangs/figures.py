@@ -37,9 +37,7 @@ def draw_timeline(ax, result, title: str, colour: str) -> None:
     if gap > 1.0:  # a rank entered the last collective seconds after another: it was elsewhere
         ax.text(end, -0.45, f"entered {gap:.0f} s apart ", color=BROKEN, fontsize=7,
                 va="bottom", ha="right")
-    from matplotlib.ticker import MaxNLocator
-
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xticks(range(max(1, end - LAST + 1), end + 1))  # sequence numbers are whole
     ax.set_xlabel("collective sequence number (flight recorder)")
     ax.set_title(title, fontsize=9, color=colour)
     ax.grid(axis="x", alpha=0.3)
