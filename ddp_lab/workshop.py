@@ -28,7 +28,7 @@ PARTS = ("student", "instructor", "slides", "INSTRUCTOR.md")
 # internet, from copies of npm's packages beside them (`--slides-assets`).
 ASSETS = {"reveal.js": ("dist/reveal.js", "dist/reveal.css", "plugin/notes/notes.js"),
           "requirejs": ("require.js",)}
-COPIED = ("reveal.js/dist", "reveal.js/plugin/notes", "requirejs/require.js")  # 3.5 MB of 7.6
+COPIED = ("reveal.js/dist", "reveal.js/plugin/notes", "requirejs/require.js")  # 3.5 MB of 6.5
 ASSETS_HOW = ("npm install --prefix DIR reveal.js@4.0.2 requirejs@2.3.7, then pass "
               "--slides-assets DIR/node_modules")
 
