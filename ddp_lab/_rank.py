@@ -82,10 +82,18 @@ def _teardown() -> None:
         pass
 
 
+def _launchers_own(code) -> bool:
+    """This file's frames, and %%ddp's `run_cell` that executes a cell (then the cell's own
+    frames follow)."""
+    path = code.co_filename.replace("\\", "/")
+    return code.co_filename == __file__ or (path.endswith("ddp_lab/magic.py")
+                                            and code.co_name == "run_cell")
+
+
 def _error_record(exc: BaseException) -> dict:
     tb = exc.__traceback__
-    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
-        tb = tb.tb_next  # the traceback starts at the user's function, not in this file
+    while tb is not None and _launchers_own(tb.tb_frame.f_code):
+        tb = tb.tb_next  # the traceback starts at the user's code, not in the launcher's
     return {
         "kind": "error",
         "type": type(exc).__name__,

@@ -1,4 +1,5 @@
-"""The `ddp-lab` command (also `python -m ddp_lab`): list, run, tour, doctor, build-ops."""
+"""The `ddp-lab` command (also `python -m ddp_lab`): list, run, tour, doctor, build-ops, check,
+workshop, site."""
 from __future__ import annotations
 
 import argparse
@@ -55,6 +56,44 @@ def cmd_build_ops(args) -> int:
     return main(timeout=args.timeout)
 
 
+def cmd_check(args) -> int:
+    from .check import run_checks
+
+    return run_checks()
+
+
+def cmd_workshop(args) -> int:
+    from .workshop import build_workshop
+
+    build_workshop(args.out, notebooks=args.notebooks, slides_assets=args.slides_assets)
+    return 0
+
+
+def cmd_site(args) -> int:
+    from .site import build_site
+
+    build_site(args.out, notebooks=args.notebooks)
+    return 0
+
+
+def _add_kit_parsers(sub) -> None:
+    sub.add_parser("check", help="pre-flight check for a workshop: python, torch, two ranks, "
+                   "JupyterLab").set_defaults(func=cmd_check)
+    ws = sub.add_parser("workshop", help="the workshop kit: student and instructor notebooks, slides, guide")
+    ws.add_argument("action", choices=["build"])
+    ws.add_argument("out", help="output folder")
+    ws.add_argument("--notebooks", default="notebooks", help="folder of executed lesson notebooks")
+    ws.add_argument("--slides-assets", default=None, metavar="NODE_MODULES",
+                    help="offline slides: an npm node_modules with reveal.js@4.0.2 and requirejs "
+                         "(npm install --prefix DIR reveal.js@4.0.2 requirejs@2.3.7)")
+    ws.set_defaults(func=cmd_workshop)
+    site = sub.add_parser("site", help="a static HTML site of the executed notebooks")
+    site.add_argument("action", choices=["build"])
+    site.add_argument("out", help="output folder")
+    site.add_argument("--notebooks", default="notebooks", help="folder of executed lesson notebooks")
+    site.set_defaults(func=cmd_site)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ddp-lab", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -74,6 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
     ops = sub.add_parser("build-ops", help="build DeepSpeed's C++ op once (lesson 12 needs it)")
     ops.add_argument("--timeout", type=float, default=1800.0, help="give up after this many s")
     ops.set_defaults(func=cmd_build_ops)
+    _add_kit_parsers(sub)
     try:
         from .doctor.cli import add_parser
     except ImportError:
@@ -94,11 +134,16 @@ def main(argv=None) -> int:
 
 def _main(argv) -> int:
     args = build_parser().parse_args(argv)
+    from .results import LaunchInterrupted
+
     try:
         return args.func(args)
     except (KeyError, ValueError) as exc:
         print(f"ddp-lab: {exc.args[0] if exc.args else exc}", file=sys.stderr)
         return 2
+    except LaunchInterrupted as stop:  # Ctrl-C during a launch: what the ranks did, one line
+        print("\n".join(stop._render_traceback_()), file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

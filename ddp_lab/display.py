@@ -11,37 +11,60 @@ from ._sanitize import sanitize
 _COLOURS = {"ok": "#27ae60", "error": "#c0392b", "timeout": "#d68910", "crashed": "#7d3c98"}
 
 
+HEADLINE_WIDTH = 120  # characters of "what happened" shown; the whole line is its tooltip
+_NOWRAP = "white-space:nowrap"
+_WHAT = "min-width:16em;max-width:48em;overflow-wrap:anywhere"
+
+
 def _cell(text: str, style: str = "") -> str:
     return f'<td style="text-align:left;{style}">{html.escape(text)}</td>'
+
+
+def _what_cell(what: str, mark: str) -> str:
+    """A long PyTorch message cut with "…" (its whole text in the tooltip and the traceback
+    fold), so the other columns keep their width."""
+    if len(what) <= HEADLINE_WIDTH:
+        return _cell(what + mark, _WHAT)
+    cut = what[:HEADLINE_WIDTH - 1]
+    if cut.rfind(" ") > HEADLINE_WIDTH - 30:  # at a word boundary when one is near
+        cut = cut[:cut.rfind(" ")]
+    cut = cut.rstrip() + "…"
+    return (f'<td style="text-align:left;{_WHAT}" title="{html.escape(what)}">'
+            f"{html.escape(cut + mark)}</td>")
 
 
 def _details(summary: str, body: str) -> str:
     if not body.strip():
         return ""
-    return (f"<details><summary>{html.escape(summary)}</summary>"
+    return (f'<details><summary style="{_NOWRAP}">{html.escape(summary)}</summary>'
             f'<pre style="max-height:20em;overflow:auto">{html.escape(sanitize(body))}</pre></details>')
+
+
+def _without(stderr: str, traceback: str) -> str:
+    """A rank's stderr less the traceback it printed, which the traceback fold shows already."""
+    return stderr.replace(traceback, "") if traceback.strip() else stderr
 
 
 def run_result_html(result) -> str:
     """The HTML table of a `RunResult` (results.py calls this; display never imports results)."""
-    root = result.root_cause
     rows = []
     for r in result.ranks:
         colour = _COLOURS.get(r.status, "black")
-        mark = " ← root cause" if root is r and result._root_is_distinct() else ""
+        what, mark = result.what_happened(r)
+        mark = f" ← {mark}" if mark else ""
         folds = "".join([
             _details("traceback", r.error.traceback if r.error else ""),
             _details("stack when stopped", r.stack_summary() if r.stack else ""),
             _details("native stack (py-spy)", r.native_stack),
             _details("stdout", r.stdout),
-            _details("stderr", r.stderr),
+            _details("stderr", _without(r.stderr, r.error.traceback if r.error else "")),
         ])
         rows.append(
-            "<tr>" + _cell(f"rank {r.rank}")
-            + _cell(r.status, f"color:{colour};font-weight:bold")
-            + _cell(("" if r.ok else r.headline) + mark)
-            + _cell(f"{r.seconds:.2f} s")
-            + f'<td style="text-align:left">{folds}</td></tr>'
+            "<tr>" + _cell(f"rank {r.rank}", _NOWRAP)
+            + _cell(r.status, f"color:{colour};font-weight:bold;{_NOWRAP}")
+            + _what_cell(what, mark)
+            + _cell(f"{r.seconds:.2f} s", _NOWRAP)
+            + f'<td style="text-align:left;min-width:8em">{folds}</td></tr>'
         )
     title = html.escape(f"{result.label + ': ' if result.label else ''}{result.status}, "
                         f"world_size={result.world_size}, backend={result.backend}")
@@ -55,6 +78,24 @@ def run_result_html(result) -> str:
     head = "".join(f'<th style="text-align:left">{h}</th>' for h in ("rank", "status", "what happened", "time", "details"))
     return (f'<div><b style="color:{colour}">RunResult</b> {title}'
             f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table></div>")
+
+
+INTERRUPTED_LINE = "interrupted: the launch was stopped and every rank with it (their stacks are above)"
+
+
+def show_interrupted(result, note: str) -> None:
+    """What a notebook shows when the stop button lands during a launch: what the ranks printed
+    so far, where each stopped rank was, and the per-rank table (its folds hold the stacks)."""
+    result.print_output()
+    for r in result.ranks:
+        if r.note == note and r.stack_text():
+            print(f"rank {r.rank} was stopped in:\n{r.stack_text(6)}")
+    try:
+        from IPython.display import display
+    except ImportError:
+        print(repr(result))
+    else:
+        display(result)
 
 
 def source(obj) -> str:

@@ -17,7 +17,8 @@ from typing import Any, Callable
 
 from . import _procs, flight, pyspy
 from .rankinfo import in_torchrun
-from .results import CRASHED, ERROR, OK, TIMEOUT, ErrorInfo, RankResult, RunResult
+from .results import (CRASHED, ERROR, INTERRUPTED, OK, TIMEOUT, ErrorInfo, LaunchInterrupted,
+                      RankResult, RunResult)
 
 BACKENDS = ("auto", "gloo", "nccl")
 START_METHODS = ("auto", "forkserver", "spawn")
@@ -126,7 +127,12 @@ def launch(fn: Callable, *args, world_size: int = 2, backend: str = "auto",
                 ranks = []
         if start_method == "forkserver":
             _preload_for_next_time(fn)
-        _watch(ranks, timeout, grace)
+        try:
+            _watch(ranks, timeout, grace)
+        except KeyboardInterrupt:  # Ctrl-C, Jupyter's stop button: keep what the ranks did
+            _stop([rk for rk in ranks if rk.exitcode is None], INTERRUPTED)
+            result = _collect(ranks, backend, timeout, time.time() - start, label, start)
+            raise LaunchInterrupted(result) from None
         return _collect(ranks, backend, timeout, time.time() - start, label, start)
     finally:
         _kill(ranks)

@@ -5,6 +5,9 @@ constants, imported modules) travel with it by value.
     %load_ext ddp_lab
     %%ddp -n 2 --timeout 30 --env TORCH_DISTRIBUTED_DEBUG=INFO -o result
     ...
+
+Unless `-q`, the cell shows what the ranks printed and each rank's value (its last expression),
+then the per-rank table.
 """
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ import shlex
 import types
 
 from .launcher import launch
+from ._sanitize import sanitize
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -69,17 +73,24 @@ def _check_picklable(name: str, obj) -> None:
                         f"ranks ({exc}); build it inside the cell instead") from exc
 
 
+CELL_NAME = "<%%ddp cell>"
+
+
 def run_cell(source: str, values: dict, modules: dict):
     """Runs on each rank: execute the cell; the value of a final expression is the rank's value."""
     import importlib
 
+    import linecache
+
+    # Tracebacks and stacks through the cell then show its lines, as for a file.
+    linecache.cache[CELL_NAME] = (len(source), None, source.splitlines(True), CELL_NAME)
     ns = {"__name__": "__main__", **values}
     ns.update({k: importlib.import_module(m) for k, m in modules.items()})
     tree = ast.parse(source)
     last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
-    exec(compile(tree, "<%%ddp cell>", "exec"), ns)
+    exec(compile(tree, CELL_NAME, "exec"), ns)
     if last is not None:
-        return eval(compile(ast.Expression(last.value), "<%%ddp cell>", "eval"), ns)
+        return eval(compile(ast.Expression(last.value), CELL_NAME, "eval"), ns)
     return None
 
 
@@ -92,7 +103,27 @@ def ddp_cell(line: str, cell: str, user_ns: dict):
     if args.out:
         user_ns[args.out] = result
     user_ns["_ddp"] = result
-    return None if args.quiet else result
+    if args.quiet:
+        return None
+    print_ranks(result)
+    return result
+
+
+VALUE_WIDTH = 200  # characters of a rank's value shown before "…"
+
+
+def print_ranks(result) -> None:
+    """Print, from the notebook's process, what the ranks printed (`[rank N] ...`) and each rank's
+    value (the cell's last expression), so they show open above the per-rank table rather than
+    only inside its closed folds."""
+    result.print_output()
+    if all(r.value is None for r in result.ranks):
+        return
+    for r in result.ranks:
+        if r.ok:
+            text = sanitize(repr(r.value))
+            text = text if len(text) <= VALUE_WIDTH else text[:VALUE_WIDTH - 1] + "…"
+            print(f"rank {r.rank} returned {text}")
 
 
 def register(ipython) -> None:

@@ -21,6 +21,7 @@ ERROR = "error"      # it raised a Python exception
 TIMEOUT = "timeout"  # the launcher stopped it (its time was up, or a peer had failed)
 CRASHED = "crashed"  # the process died without a Python exception (a signal, os._exit)
 STATUSES = (OK, ERROR, TIMEOUT, CRASHED)
+INTERRUPTED = "interrupted (KeyboardInterrupt in the launching process)"  # a stopped rank's note
 SIMULTANEOUS = 0.1  # seconds: failures closer than this are not ordered by time
 _SEVERITY = {status: i for i, status in enumerate(STATUSES)}
 
@@ -114,7 +115,8 @@ class RankResult:
             return f"exited with status {self.exitcode} without a Python exception"
         if self.status == TIMEOUT:
             where = self.stuck_in()
-            return f"timed out{' in ' + where if where else ''}"
+            what = "interrupted" if self.note == INTERRUPTED else "timed out"
+            return f"{what}{' in ' + where if where else ''}"
         return self.status
 
     @property
@@ -142,13 +144,15 @@ class RankResult:
         """The stack dump, sanitized, without the launcher's own frames below the function."""
         keep = []
         for line in self.stack.splitlines():
-            if any(k in line for k in ("ddp_lab/_rank.py", "ddp_lab/_forkserver.py",
-                                       "<frozen runpy>", 'File "<string>"')):
+            if any(k in line for k in LAUNCHERS_FRAMES):
                 continue
             keep.append(line)
         return sanitize("\n".join(keep).strip())
 
 
+# Frames of the launcher's own in a stack dump: the rank's entry points and %%ddp's run_cell.
+LAUNCHERS_FRAMES = ("ddp_lab/_rank.py", "ddp_lab/_forkserver.py", "<frozen runpy>",
+                    'File "<string>"', "ddp_lab/magic.py")
 _FRAME = re.compile(r'File "([^"]+)", line \d+ in (\S+)')
 
 
@@ -170,7 +174,8 @@ def frames_text(stack: str, limit: int = 8) -> str:
     `.stack`, or a crashed rank's stderr), most recent call first, one `function  (file)` a
     line, the launcher's own frames left out: no line numbers, so it reads the same every run."""
     frames = [(f, fn) for f, fn in main_thread_frames(stack)
-              if not f.startswith("<frozen") and "ddp_lab/_" not in f and f != "<string>"]
+              if not f.startswith("<frozen") and "ddp_lab/_" not in f and f != "<string>"
+              and not f.endswith("ddp_lab/magic.py")]
     return "\n".join(f"  {fn}  ({sanitize(f)})" for f, fn in frames[:limit])
 
 
@@ -180,6 +185,24 @@ class DistributedRunError(RuntimeError):
     def __init__(self, result: "RunResult"):
         self.result = result
         super().__init__(result.describe_failure())
+
+
+class LaunchInterrupted(KeyboardInterrupt):
+    """The launching process was interrupted (Ctrl-C, Jupyter's stop button) during a launch.
+    Every rank was stopped; `result` holds what each did so far (output, stacks)."""
+
+    def __init__(self, result: "RunResult"):
+        self.result = result
+        super().__init__("launch interrupted: every rank stopped; their output and stacks so "
+                         "far are in this exception's .result")
+
+    def _render_traceback_(self) -> list[str]:
+        """IPython (a notebook, the stop button) shows this instead of a traceback through the
+        launcher: the ranks' output and stacks so far, then one line. The cell still fails."""
+        from .display import INTERRUPTED_LINE, show_interrupted
+
+        show_interrupted(self.result, INTERRUPTED)
+        return [f"{type(self).__name__}: {INTERRUPTED_LINE}"]
 
 
 @dataclass
@@ -244,8 +267,13 @@ class RunResult:
         if self.ok:
             return "all ranks ok"
         root = self.root_cause
-        lines = [f"rank {root.rank} failed first: {root.headline}"]
-        lines += [f"then rank {r.rank}: {r.headline}" for r in self.failures[1:]]
+        if returned := self.returned_while():
+            # No rank failed on its own: the one that returned left a collective unfinished.
+            lines = [f"{returned}: a collective needs every rank of the group"]
+            lines += [f"then rank {r.rank}: {r.headline}" for r in self.failures]
+        else:
+            lines = [f"rank {root.rank} failed first: {root.headline}"]
+            lines += [f"then rank {r.rank}: {r.headline}" for r in self.failures[1:]]
         lines += [p] if (p := self.parting()) else []
         if root.error and root.error.traceback:
             lines += ["", f"traceback of rank {root.rank}:", sanitize(root.error.traceback)]
@@ -284,10 +312,9 @@ class RunResult:
         head = f"RunResult({self.label + ': ' if self.label else ''}{self.status}, "
         head += f"world_size={self.world_size}, backend={self.backend})"
         rows = [head]
-        root = self.root_cause
         for r in self.ranks:
-            mark = "  <- root cause" if root is r and self._root_is_distinct() else ""
-            rows.append(f"  rank {r.rank}: {r.status:<8} {r.headline if not r.ok else ''}{mark}".rstrip())
+            what, mark = self.what_happened(r)
+            rows.append(f"  rank {r.rank}: {r.status:<8} {what}{'  <- ' + mark if mark else ''}".rstrip())
         if self.status == "timeout" and (p := self.parting()):
             rows.append(f"  {p}")
         return "\n".join(rows)
@@ -297,6 +324,28 @@ class RunResult:
         from .parting import describe
 
         return describe(self.ranks)
+
+    def returned_while(self) -> str:
+        """'rank 1 returned while rank 0 was in all_reduce()' when no rank failed on its own and
+        a rank that returned left the others in a collective; '' otherwise."""
+        from .departed import describe
+
+        return "" if self.ok else describe(self.ranks)
+
+    def what_happened(self, r: RankResult) -> tuple[str, str]:
+        """(rank `r`'s line in the per-rank table, "root cause" or '')."""
+        if r.ok:
+            returned, _ = self._returned()
+            if r.rank not in returned:
+                return "", ""
+            return "returned while" + self.returned_while().split(" returned while", 1)[1], "root cause"
+        distinct = self.root_cause is r and self._root_is_distinct() and not self._returned()[0]
+        return r.headline, "root cause" if distinct else ""
+
+    def _returned(self):
+        from .departed import returned_while
+
+        return ([], {}) if self.ok else returned_while(self.ranks)
 
     def _repr_html_(self) -> str:
         return run_result_html(self)

@@ -53,6 +53,16 @@ def no_leftovers():
     assert not extra, f"processes left behind: {sorted(extra)}"
 
 
+@pytest.fixture(scope="session")
+def browser():
+    """One headless Chromium for every browser test of the session (tests/chromium.py); the
+    tests skip, saying why, where there is none."""
+    from chromium import chromium_browser
+
+    with chromium_browser() as b:
+        yield b
+
+
 _SCENARIO_RUNS: dict = {}
 
 

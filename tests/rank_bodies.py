@@ -115,3 +115,18 @@ def set_up_then_hang(setup=2.0, budget=1.0):
     time.sleep(setup)
     restart_clock(budget)
     time.sleep(60)
+
+
+def return_while_peer_reduces():
+    """Rank 1 returns at once; rank 0 all-reduces, with no partner left."""
+    if dist.get_rank() == 0:
+        t = torch.ones(4)
+        dist.all_reduce(t)
+    return dist.get_rank()
+
+
+def reduce_four_and_three():
+    """Both ranks all-reduce once, rank 0 four numbers, rank 1 three: rank 1 returns."""
+    t = torch.ones(4 - dist.get_rank())
+    dist.all_reduce(t)
+    return dist.get_rank()

@@ -57,3 +57,19 @@ def test_ci_runs_the_readme_commands_and_strict_nbval():
     assert len(commands) == 2
     assert commands[0].split(" --quiet")[0] in ci.replace(" --quiet", "") and commands[1] in ci
     assert "--nbval-lax" not in ci + (ROOT / "pyproject.toml").read_text()
+
+
+CPU_INDEX = "--extra-index-url https://download.pytorch.org/whl/cpu"
+
+
+def test_the_three_files_take_torch_from_the_cpu_index():
+    # torch==2.13.0 from PyPI alone is the CUDA build on Linux (issue 16, point 10)
+    for path in ("requirements.txt", "binder/requirements.txt", "environment.yml"):
+        lines = [l.strip().removeprefix("- ") for l in (ROOT / path).read_text().splitlines()]
+        assert CPU_INDEX in lines, path
+
+
+def test_ci_installs_chromium_and_requires_the_browser_tests():
+    ci = (ROOT / ".ci/run").read_text()
+    assert "apt-get install -y -qq chromium" in ci and "DDP_LAB_REQUIRE_BROWSER=1" in ci
+    assert "playwright" in _names((ROOT / "requirements.txt").read_text().splitlines())

@@ -72,6 +72,36 @@ def test_collective_on_rank0_only_times_out_with_stacks_naming_the_call():
     assert "0x" not in repr(result) and "/" not in repr(result).split("\n", 1)[1]
 
 
+def test_a_rank_that_returns_while_its_peer_reduces_is_named_not_the_peer():
+    # Rank 1 returns at once; rank 0's all_reduce loses its only partner (gloo: "Connection
+    # closed by peer"). The report names rank 1's return, not rank 0's consequence.
+    result = launch(body.return_while_peer_reduces, timeout=20)
+    assert [r.status for r in result.ranks] == ["error", "ok"]
+    assert result.ranks[0].is_collateral
+    said = "rank 1 returned while rank 0 was in all_reduce()"
+    assert result.returned_while() == said
+    assert result.describe_failure().splitlines()[:2] == [
+        said + ": a collective needs every rank of the group",
+        "then rank 0: RuntimeError: lost its connection to a peer (a consequence)"]
+    assert "failed first" not in result.describe_failure()
+    # the flight recorder's evidence (a timeout was given): rank 1 never entered collective #1
+    assert ("rank 0 entered all_reduce #1 ([4] float32); rank 1 entered no collective and "
+            "returned") in result.describe_failure()
+    rows = repr(result).splitlines()
+    assert rows[2] == "  rank 1: ok       returned while rank 0 was in all_reduce()  <- root cause"
+    assert "root cause" not in rows[1]
+    assert "returned while rank 0 was in all_reduce() ← root cause" in result._repr_html_()
+
+
+def test_a_rank_that_did_its_part_of_the_collective_is_not_said_to_have_left_it():
+    # Rank 1 all-reduces 3 numbers and returns; rank 0 waits in the same all_reduce for a 4th.
+    # The flight recorder saw both enter collective #1: the mismatch is the story, not a return.
+    result = launch(body.reduce_four_and_three, timeout=20)
+    assert [r.status for r in result.ranks] == ["error", "ok"], repr(result)  # as lesson 03's
+    assert result.returned_while() == ""
+    assert "(size mismatch" in result.describe_failure()
+
+
 def test_os_exit_3_is_a_crash_with_its_status():
     result = launch(body.exit_3_on_rank1, timeout=20, grace=2)
     assert result.status == "crashed"

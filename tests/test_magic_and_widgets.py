@@ -30,6 +30,14 @@ def test_env_and_no_init_reach_the_ranks():
 def test_a_cell_that_raises_reports_the_rank():
     result = ddp_cell("-n 2 --timeout 20", "import torch\ntorch.zeros(2)[5]\n", {})
     assert result.status == "error" and result.root_cause.error.type == "IndexError"
+    # The traceback starts at the cell, with its line shown, not in the launcher's exec(...)
+    lines = result.root_cause.error.traceback.splitlines()
+    assert lines[1:3] == ['  File "<%%ddp cell>", line 2, in <module>', "    torch.zeros(2)[5]"]
+    assert "magic.py" not in result.root_cause.error.traceback
+    # ... and the table shows it once: the stderr fold does not repeat the traceback fold
+    html = result._repr_html_()
+    assert html.count("index 5 is out of bounds") == 2 * 2  # per rank: headline, traceback fold
+    assert ">stderr</summary>" not in html and ">traceback</summary>" in html
 
 
 @pytest.mark.parametrize("line, message", [
@@ -57,3 +65,76 @@ def test_the_panel_runs_the_chosen_variant_on_real_ranks(capsys):
     printed = "".join(o.get("text", "") for o in panel.children[2].outputs) + capsys.readouterr().out
     assert "00/rank_exits fixed: ok (as declared)" in printed
     assert not button.disabled
+
+
+STOPPABLE_CELL = """import os, time, torch, torch.distributed as dist
+path = os.path.join({folder!r}, f"rank{{dist.get_rank()}}.pid")
+open(path + ".tmp", "w").write(str(os.getpid()))
+os.replace(path + ".tmp", path)
+print("started", flush=True)
+if dist.get_rank() == 0:
+    dist.all_reduce(torch.ones(1))
+else:
+    time.sleep(60)
+"""
+
+
+def test_the_stop_button_during_a_launch_shows_the_ranks_output_stacks_and_one_line(tmp_path, capsys):
+    # What Jupyter's stop button does: SIGINT to the kernel's process, here this one, while a
+    # %%ddp cell's ranks are running (rank 0 in all_reduce, rank 1 asleep).
+    import os
+    import signal
+    import time
+
+    from IPython.core.interactiveshell import InteractiveShell
+
+    from conftest import alive
+    from ddp_lab import load_ipython_extension
+    from ddp_lab.display import INTERRUPTED_LINE
+    from ddp_lab.results import LaunchInterrupted
+
+    pid_files = [tmp_path / f"rank{r}.pid" for r in (0, 1)]
+
+    def press_stop():
+        end = time.time() + 120
+        while not all(p.exists() for p in pid_files) and time.time() < end:
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    shell = InteractiveShell.instance()
+    try:
+        load_ipython_extension(shell)
+        threading.Thread(target=press_stop, daemon=True).start()
+        outcome = shell.run_cell("%%ddp -n 2 --timeout 60\n" + STOPPABLE_CELL.format(folder=str(tmp_path)))
+    finally:
+        InteractiveShell.clear_instance()
+    captured = capsys.readouterr()
+    out = captured.out + captured.err
+    assert isinstance(outcome.error_in_exec, LaunchInterrupted)  # the cell still fails: run-all stops
+    assert "[rank 0] started" in out and "[rank 1] started" in out
+    assert "rank 0 was stopped in:\n  all_reduce  (torch/distributed/distributed_c10d.py)" in out
+    assert "rank 0: timeout  interrupted in all_reduce()" in out
+    assert out.rstrip().splitlines()[-1] == f"LaunchInterrupted: {INTERRUPTED_LINE}"  # one line
+    assert not any(name in out for name in ("launcher.py", "_procs.py", "magic.py", "Traceback"))
+    pids = [int(p.read_text()) for p in pid_files]
+    assert not [pid for pid in pids if alive(pid)], "a rank outlived the interrupt"
+
+
+def test_a_long_pytorch_message_is_cut_with_an_ellipsis_and_kept_whole_in_its_tooltip():
+    import html
+    import re
+
+    from ddp_lab.display import HEADLINE_WIDTH
+
+    cell = ("import torch\nx = torch.ones(3, requires_grad=True)\ny = x.sigmoid()\ny.mul_(2)\n"
+            "y.sum().backward()\n")
+    result = ddp_cell("-n 1 --timeout 20 -q -o r", cell, ns := {}) or ns["r"]
+    headline = result.ranks[0].headline
+    assert len(headline) > HEADLINE_WIDTH and "modified by an inplace operation" in headline
+    page = result._repr_html_()
+    cell_html = re.search(r'<td style="text-align:left;min-width[^"]*" title="([^"]*)">([^<]*)</td>', page)
+    assert cell_html, "the 'what happened' cell has no tooltip"
+    assert html.unescape(cell_html.group(1)) == headline  # the whole message
+    shown = html.unescape(cell_html.group(2))
+    assert shown.endswith("…") and len(shown) <= HEADLINE_WIDTH and headline.startswith(shown[:-1])
+    assert '<td style="text-align:left;white-space:nowrap">rank 0</td>' in page

@@ -1,0 +1,142 @@
+"""`ddp-lab check`: the attendees' pre-flight check before a workshop.
+
+One line per check; exit status 0 only when every check passes. It checks what the day needs:
+Python, the torch release and build, that two real ranks launch (and how long that took), and
+that JupyterLab and ipywidgets are installed, and importable by the notebook kernel.
+"""
+from __future__ import annotations
+
+from importlib import metadata
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+MIN_PYTHON = (3, 10)
+MIN_TORCH = (2, 4)
+TESTED_TORCH = "2.13.0"  # requirements.txt's pin
+KERNEL_IMPORTS = ("torch", "ddp_lab", "ipywidgets", "ipykernel")
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool
+    detail: str
+    fix: str = ""
+
+    def line(self) -> str:
+        text = f"{'ok  ' if self.ok else 'FAIL'}  {self.name:<12} {self.detail}"
+        return text + (f"\n      fix: {self.fix}" if not self.ok and self.fix else "")
+
+
+def _release(version: str) -> tuple[int, ...]:
+    """"2.13.0+cpu" -> (2, 13, 0)."""
+    parts = []
+    for p in version.split("+")[0].split("."):
+        digits = "".join(c for c in p if c.isdigit())
+        if not digits:
+            break
+        parts.append(int(digits))
+    return tuple(parts)
+
+
+def check_python() -> Check:
+    v = sys.version_info
+    ok = (v.major, v.minor) >= MIN_PYTHON
+    return Check("python", ok, f"{v.major}.{v.minor}.{v.micro} ({sys.executable})",
+                 f"use Python {MIN_PYTHON[0]}.{MIN_PYTHON[1]} or newer")
+
+
+def check_torch() -> Check:
+    try:
+        import torch
+        import torch.distributed as dist
+    except ImportError as exc:
+        return Check("torch", False, f"cannot import torch ({exc})",
+                     "pip install -r requirements.txt (it pins the CPU build)")
+    build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "CPU build"
+    gpus = torch.cuda.device_count() if torch.version.cuda else 0
+    detail = f"{torch.__version__}, {build}, {gpus} GPU(s)"
+    detail += "" if torch.__version__.startswith(TESTED_TORCH) else f" (the course is tested on {TESTED_TORCH})"
+    if _release(torch.__version__) < MIN_TORCH:
+        return Check("torch", False, detail, f"torch {MIN_TORCH[0]}.{MIN_TORCH[1]} or newer is needed")
+    if not (dist.is_available() and dist.is_gloo_available()):
+        return Check("torch", False, detail + ", no gloo backend", "install a torch build with torch.distributed")
+    return Check("torch", True, detail + ", gloo available")
+
+
+def _two_rank_body():
+    import torch
+    import torch.distributed as dist
+
+    t = torch.ones(1) * (dist.get_rank() + 1)
+    dist.all_reduce(t)
+    return t.item()
+
+
+def check_launch(timeout: float = 60) -> Check:
+    from .launcher import launch
+
+    start = time.time()
+    try:
+        result = launch(_two_rank_body, world_size=2, backend="gloo", timeout=timeout, label="check")
+    except Exception as exc:  # the launcher itself failed: name it, keep the cause
+        return Check("two ranks", False, f"the launch failed: {type(exc).__name__}: {exc}")
+    seconds = time.time() - start
+    if result.ok and result.values == [3.0, 3.0]:
+        return Check("two ranks", True, f"launched, all_reduce gave 3.0 on both, in {seconds:.1f} s")
+    return Check("two ranks", False, f"{result.status}: {result.describe_failure().splitlines()[0]}",
+                 "a firewall or VPN can block localhost ports; try again off the VPN, or ask the instructor")
+
+
+def check_installed(dist_name: str) -> Check:
+    """Installed in this environment (its metadata: importing JupyterLab takes seconds)."""
+    try:
+        return Check(dist_name, True, metadata.version(dist_name))
+    except metadata.PackageNotFoundError:
+        return Check(dist_name, False, "not installed", f"pip install {dist_name} (or -r requirements.txt)")
+
+
+def kernel_python() -> tuple[str, str]:
+    """(kernel name, interpreter) of the notebook kernel JupyterLab starts for the notebooks."""
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    spec = KernelSpecManager().get_kernel_spec("python3")
+    argv0 = spec.argv[0]
+    return spec.display_name, sys.executable if argv0 in ("python", "python3", "{python}") else argv0
+
+
+def check_kernel() -> Check:
+    try:
+        name, python = kernel_python()
+    except Exception as exc:
+        return Check("kernel", False, f"no python3 Jupyter kernel ({type(exc).__name__}: {exc})",
+                     "python -m ipykernel install --user")
+    # find_spec, not import: as sure that the kernel's interpreter has them, and seconds faster
+    code = ("import importlib.util as u, sys; missing = [m for m in sys.argv[1:] if u.find_spec(m) is None]; "
+            "print(' '.join(missing)); sys.exit(1 if missing else 0)")
+    proc = subprocess.run([python, "-c", code, *KERNEL_IMPORTS], capture_output=True, text=True, timeout=60)
+    if proc.returncode:
+        missing = proc.stdout.strip() or (proc.stderr.strip().splitlines() or ["?"])[-1]
+        return Check("kernel", False, f"{name!r} ({python}) lacks: {missing}",
+                     f"{python} -m pip install -r requirements.txt")
+    return Check("kernel", True, f"{name!r} ({python}) has {', '.join(KERNEL_IMPORTS)}")
+
+
+CHECKS: tuple[Callable[[], Check], ...] = (
+    check_python, check_torch, check_launch,
+    lambda: check_installed("jupyterlab"), lambda: check_installed("ipywidgets"), check_kernel,
+)
+
+
+def run_checks(checks=CHECKS, out=print) -> int:
+    """Run every check, print one line each; 0 when all pass, 1 otherwise."""
+    failed = 0
+    for check in checks:
+        result = check()
+        out(result.line())
+        failed += not result.ok
+    out("all checks passed: you are ready" if not failed else f"{failed} check(s) failed")
+    return 1 if failed else 0
