@@ -33,6 +33,11 @@ _COLLATERAL = re.compile(r"Connection closed by peer|Connection reset by peer|Br
 # timeout, with its peer alive elsewhere (a slow save, another collective): the cause to headline.
 
 
+# Innermost frames that name no place: decorators' wrappers, and a handle's wait (DeepSpeed's
+# ZeRO-3 parameter fetch is `fetch_sub_module` -> `wait` -> `wrapped_fn`).
+_GENERIC = {"wrapped_fn", "wrapper", "decorate_context", "inner", "_fn", "wait"}
+
+
 def peer_gone(message: str) -> bool:
     """True when an error's first line only says that a peer went away (gloo's "Connection
     closed by peer" and the like): a consequence of another rank's failure, not a cause."""
@@ -133,6 +138,9 @@ class RankResult:
         for filename, func in frames:  # most recent call first
             if "torch/distributed" in filename and not func.startswith(("wrapper", "_")):
                 return f"{func}()"
+        if frames and frames[0][1] in _GENERIC:  # a decorator's or a wait's name says nothing
+            named = [f for _, f in frames if f not in _GENERIC and not f.startswith("_")]
+            return named[0] + "()" if named else ""
         return frames[0][1] + "()" if frames else ""
 
     def stack_text(self, limit: int = 8) -> str:

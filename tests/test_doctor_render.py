@@ -1,7 +1,6 @@
 """How a report reads: the HTML table in JupyterLab (whose CSS right-aligns cells and centres
 headers) and the stacks of a hung or failed rank (the user's frames, by file and line)."""
 import re
-import shutil
 import textwrap
 from pathlib import Path
 
@@ -91,32 +90,26 @@ def _jupyterlab_css() -> tuple[str, dict[str, str]]:
     return css, {t: Path(p).read_text() for t, p in themes.items()}
 
 
-def test_html_table_in_jupyterlab_css_light_and_dark():
+def test_html_table_in_jupyterlab_css_light_and_dark(browser):
     """Rendered by Chromium under JupyterLab's CSS: every cell left-aligned, codes on one line,
-    text in the theme's colour."""
-    sync_playwright = pytest.importorskip("playwright.sync_api").sync_playwright
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    if not chromium:
-        pytest.skip("no Chromium found (apt-get install chromium)")
+    text in the theme's colour. (`browser`: the session's one Chromium, tests/conftest.py.)"""
     css, themes = _jupyterlab_css()
     report = Report("Net", 2, 3, findings=[Finding(
         "error", "rank-dependent-unused-parameters", "01", "different parameters go unused",
         ["rank 0: a.weight", "rank 1: b.weight"], "find_unused_parameters=True")])
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
-        for theme, sheet in themes.items():
-            page = browser.new_page(viewport={"width": 700, "height": 500})
-            page.set_content(f"<style>{sheet}\n{css}</style><body class='jp-ThemedContainer'>"
-                             f"<div class='jp-RenderedHTMLCommon jp-OutputArea-output'>"
-                             f"{report._repr_html_()}</div></body>")
-            aligns = page.eval_on_selector_all(
-                "td, th", "els => els.map(e => getComputedStyle(e).textAlign)")
-            assert aligns and set(aligns) == {"left"}, (theme, aligns)
-            code = page.eval_on_selector("code", "e => [e.getClientRects().length, e.offsetHeight,"
-                                                  " parseFloat(getComputedStyle(e).lineHeight)]")
-            assert code[0] == 1 and code[1] < 2 * code[2], (theme, code)  # one line, unbroken
-            colours = page.eval_on_selector_all(
-                "td", "els => els.map(e => getComputedStyle(e).color)")
-            body = page.evaluate("getComputedStyle(document.querySelector('table')).color")
-            assert set(colours) == {body}, (theme, colours, body)
-        browser.close()
+    for theme, sheet in themes.items():
+        page = browser.new_page(viewport={"width": 700, "height": 500})
+        page.set_content(f"<style>{sheet}\n{css}</style><body class='jp-ThemedContainer'>"
+                         f"<div class='jp-RenderedHTMLCommon jp-OutputArea-output'>"
+                         f"{report._repr_html_()}</div></body>")
+        aligns = page.eval_on_selector_all(
+            "td, th", "els => els.map(e => getComputedStyle(e).textAlign)")
+        assert aligns and set(aligns) == {"left"}, (theme, aligns)
+        code = page.eval_on_selector("code", "e => [e.getClientRects().length, e.offsetHeight,"
+                                              " parseFloat(getComputedStyle(e).lineHeight)]")
+        assert code[0] == 1 and code[1] < 2 * code[2], (theme, code)  # one line, unbroken
+        colours = page.eval_on_selector_all(
+            "td", "els => els.map(e => getComputedStyle(e).color)")
+        body = page.evaluate("getComputedStyle(document.querySelector('table')).color")
+        assert set(colours) == {body}, (theme, colours, body)
+        page.close()

@@ -115,5 +115,8 @@ def test_uneven_forwards_hang_in_deepspeeds_fetch_and_agreeing_fixes_it(runs):
     broken = runs("zero3_uneven_forwards", "broken")
     assert [r.status for r in broken.ranks] == ["timeout", "timeout"]
     assert broken.ranks[1].stuck_in() == "all_reduce()"  # rank 1 is done and waits for a metric
+    # rank 0 is in DeepSpeed's parameter fetch, named past its decorators and its wait
+    assert broken.ranks[0].stuck_in() == "fetch_sub_module()"
+    assert "site-packages" not in broken.ranks[0].stack_text(12)  # no machine path shown
     fixed = runs("zero3_uneven_forwards", "fixed").values
     assert [(v["wanted"], v["forwards"]) for v in fixed] == [(3, 3), (2, 3)]
