@@ -25,6 +25,21 @@ def descendants(pid: int) -> set[int]:
     return found
 
 
+def _described(pid: int) -> str:
+    """`pid (command line) <- parent (its command line)`: what a leftover is, for the report."""
+    def cmd(p):
+        try:
+            with open(f"/proc/{p}/cmdline") as f:
+                return f.read().replace("\0", " ").strip()[:160] or "?"
+        except OSError:
+            return "gone"
+
+    parent = _parent(pid)
+    if parent is None:
+        return f"{pid} (gone)"
+    return f"{pid} ({cmd(pid)}) <- {parent} ({cmd(parent)})"
+
+
 def alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -46,21 +61,46 @@ def no_leftovers():
     yield
     deadline = time.time() + 3
     while True:
-        extra = descendants(os.getpid()) - before - {server_pid()} - _kernel_pass_tree()
+        extra = (descendants(os.getpid()) - before - {server_pid()} - _kernel_pass_tree()
+                 - _browser_tree())
         if not extra or time.time() > deadline:
             break
         time.sleep(0.05)
-    assert not extra, f"processes left behind: {sorted(extra)}"
+    assert not extra, "processes left behind: " + "; ".join(_described(p) for p in sorted(extra))
 
 
 @pytest.fixture(scope="session")
 def browser():
     """One headless Chromium for every browser test of the session (tests/chromium.py); the
-    tests skip, saying why, where there is none."""
+    tests skip, saying why, where there is none. Like the fork server it is shared, so the
+    processes Chromium starts later (renderers, utilities) are not a later test's leftovers."""
     from chromium import chromium_browser
 
+    before = descendants(os.getpid())
     with chromium_browser() as b:
+        _browser_roots.update(p for p in descendants(os.getpid()) - before
+                              if _parent(p) == os.getpid())  # Playwright's driver
         yield b
+    _browser_roots.clear()
+
+
+_browser_roots: set[int] = set()
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except OSError:
+        return None
+
+
+def _browser_tree() -> set[int]:
+    """The session's Chromium and everything it started."""
+    tree = set(_browser_roots)
+    for root in _browser_roots:
+        tree |= descendants(root)
+    return tree
 
 
 _SCENARIO_RUNS: dict = {}
