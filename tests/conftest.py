@@ -4,18 +4,21 @@ import time
 import pytest
 
 
+def _stat(pid) -> list[str] | None:
+    """/proc/PID/stat's fields after the command name (state first, then the parent's pid);
+    None when the process is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+
+
 def descendants(pid: int) -> set[int]:
     """Every live descendant of `pid` (from /proc), zombies excluded."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if fields[0] != "Z":
+        if entry.isdigit() and (fields := _stat(entry)) and fields[0] != "Z":
             children.setdefault(int(fields[1]), []).append(int(entry))
     found, todo = set(), [pid]
     while todo:
@@ -41,11 +44,7 @@ def _described(pid: int) -> str:
 
 
 def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
+    return (fields := _stat(pid)) is not None and fields[0] != "Z"
 
 
 @pytest.fixture
@@ -88,19 +87,17 @@ _browser_roots: set[int] = set()
 
 
 def _parent(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[1])
-    except OSError:
-        return None
+    return int(fields[1]) if (fields := _stat(pid)) else None
+
+
+def _tree(roots) -> set[int]:
+    """`roots` and every live descendant of them."""
+    return set(roots).union(*(descendants(r) for r in roots))
 
 
 def _browser_tree() -> set[int]:
     """The session's Chromium and everything it started."""
-    tree = set(_browser_roots)
-    for root in _browser_roots:
-        tree |= descendants(root)
-    return tree
+    return _tree(_browser_roots)
 
 
 _SCENARIO_RUNS: dict = {}
@@ -173,9 +170,7 @@ class KernelPass:
 
 def _kernel_pass_tree() -> set[int]:
     """The background notebook pass and everything it started: not a test's leftovers."""
-    if _kernel_pass is None:
-        return set()
-    return {_kernel_pass.proc.pid} | descendants(_kernel_pass.proc.pid)
+    return _tree([_kernel_pass.proc.pid] if _kernel_pass is not None else [])
 
 
 def notebook_paths() -> list[str]:
