@@ -20,7 +20,7 @@ def _flat(obj) -> list:
 def held(stage: int) -> dict:
     from ddp_lab.lessons.l12_sharded_modules import features, storage_bytes, zero3_engine
     from ddp_lab.lessons.l12_sharded_modules.runs_memory import wide_mlp
-    from ddp_lab.rankinfo import rank_info
+    from ddp_lab.launching.rankinfo import rank_info
 
     torch.manual_seed(0)
     model = wide_mlp()

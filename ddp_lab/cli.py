@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .rankinfo import in_torchrun, rank_info
-from .registry import VARIANTS, get_lesson, lessons
+from .launching.rankinfo import in_torchrun, rank_info
+from .course.registry import VARIANTS, get_lesson, lessons
 
 
 def cmd_list(args) -> int:
@@ -44,33 +44,33 @@ def cmd_run(args) -> int:
 
 
 def cmd_tour(args) -> int:
-    from .tour import tour
+    from .course.tour import tour
 
     rows = tour(args.out, only=[l.zfill(2) for l in args.lesson] or None, progress=not args.quiet)
     return 0 if all(r.as_declared for r in rows) else 1
 
 
 def cmd_build_ops(args) -> int:
-    from .deepspeed_ops import main
+    from .instruments.deepspeed_ops import main
 
     return main(timeout=args.timeout)
 
 
 def cmd_check(args) -> int:
-    from .check import run_checks
+    from .kit.preflight import run_checks
 
     return run_checks()
 
 
 def cmd_workshop(args) -> int:
-    from .workshop import build_workshop
+    from .kit.workshop import build_workshop
 
     build_workshop(args.out, notebooks=args.notebooks, slides_assets=args.slides_assets)
     return 0
 
 
 def cmd_site(args) -> int:
-    from .site import build_site
+    from .kit.site import build_site
 
     build_site(args.out, notebooks=args.notebooks)
     return 0
@@ -126,7 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     code = _main(argv)
     if argv is None and in_torchrun():  # the command line, as one of torchrun's ranks
-        from .torchrun import end_rank
+        from .launching.torchrun import end_rank
 
         end_rank(code)  # no interpreter teardown: it can abort a gloo rank (see torchrun.py)
     return code
@@ -134,7 +134,7 @@ def main(argv=None) -> int:
 
 def _main(argv) -> int:
     args = build_parser().parse_args(argv)
-    from .results import LaunchInterrupted
+    from .launching.results import LaunchInterrupted
 
     try:
         return args.func(args)

@@ -51,10 +51,10 @@ def alive(pid: int) -> bool:
 def no_leftovers():
     """Fails the test if a process started during it (other than the shared fork server) is
     still alive afterwards."""
-    from ddp_lab import _procs
+    from ddp_lab.launching import processes
 
     def server_pid():
-        return _procs._server.proc.pid if _procs._server is not None else None
+        return processes._server.proc.pid if processes._server is not None else None
 
     before = descendants(os.getpid())
     yield

@@ -100,7 +100,7 @@ def return_an_exception():
 def set_up_then_sleep(setup=2.0, then=1.5):
     """A long set-up, the clock restarted, then less than the timeout: ok only because the
     set-up's seconds no longer count."""
-    from ddp_lab.rankinfo import restart_clock
+    from ddp_lab.launching.rankinfo import restart_clock
 
     time.sleep(setup)
     restarted = restart_clock()
@@ -110,7 +110,7 @@ def set_up_then_sleep(setup=2.0, then=1.5):
 
 def set_up_then_hang(setup=2.0, budget=1.0):
     """A set-up longer than the hang's budget, then a hang: stopped `budget` s after it."""
-    from ddp_lab.rankinfo import restart_clock
+    from ddp_lab.launching.rankinfo import restart_clock
 
     time.sleep(setup)
     restart_clock(budget)

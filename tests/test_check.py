@@ -1,7 +1,7 @@
 """`ddp-lab check`: the attendees' pre-flight check."""
 import sys
 
-from ddp_lab import check
+from ddp_lab.kit import preflight
 from ddp_lab.cli import main
 
 
@@ -15,7 +15,7 @@ def test_check_passes_here_with_one_line_per_check(capsys):
 
 def test_a_failing_check_fails_the_whole_check_and_says_the_fix():
     printed = []
-    rc = check.run_checks([check.check_python, lambda: check.Check("thing", False, "missing", "install it")],
+    rc = preflight.run_checks([preflight.check_python, lambda: preflight.Check("thing", False, "missing", "install it")],
                           out=printed.append)
     assert rc == 1
     assert printed[1] == "FAIL  thing        missing\n      fix: install it"
@@ -23,13 +23,13 @@ def test_a_failing_check_fails_the_whole_check_and_says_the_fix():
 
 
 def test_a_kernel_that_cannot_import_the_course_is_named(monkeypatch):
-    monkeypatch.setattr(check, "kernel_python", lambda: ("Python 3 (ipykernel)", sys.executable))
-    monkeypatch.setattr(check, "KERNEL_IMPORTS", ("json", "no_such_module_ddp_lab_test"))
-    result = check.check_kernel()
+    monkeypatch.setattr(preflight, "kernel_python", lambda: ("Python 3 (ipykernel)", sys.executable))
+    monkeypatch.setattr(preflight, "KERNEL_IMPORTS", ("json", "no_such_module_ddp_lab_test"))
+    result = preflight.check_kernel()
     assert not result.ok
     assert result.detail.endswith("lacks: no_such_module_ddp_lab_test") and "pip install" in result.fix
 
 
 def test_torch_release_parsing():
-    assert check._release("2.13.0+cpu") == (2, 13, 0)
-    assert check._release("2.4.0a0+git123") == (2, 4, 0)
+    assert preflight._release("2.13.0+cpu") == (2, 13, 0)
+    assert preflight._release("2.4.0a0+git123") == (2, 4, 0)

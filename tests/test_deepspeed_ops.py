@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 
-from ddp_lab import deepspeed_ops as ops
+from ddp_lab.instruments import deepspeed_ops as ops
 from ddp_lab.lessons import l12_sharded_modules as l12
 
 

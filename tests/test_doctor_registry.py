@@ -6,7 +6,7 @@ import pytest
 
 import ddp_lab
 from ddp_lab.doctor import doctor
-from ddp_lab.registry import lessons
+from ddp_lab.course.registry import lessons
 
 CASES = [s for lesson in lessons().values() for s in lesson.scenarios if s.module is not None]
 TIMEOUT = 20  # a module that hangs is reported after this many seconds

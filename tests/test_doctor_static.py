@@ -7,7 +7,7 @@ from torch import nn
 
 from ddp_lab.doctor import DoctorInputError, Finding, Report, doctor, static
 from ddp_lab.doctor.inputs import check_fit, default_loss, perturb, resolve_model
-from ddp_lab.modwalk import hidden, hidden_tensors
+from ddp_lab.instruments.modwalk import hidden, hidden_tensors
 
 
 class Messy(nn.Module):

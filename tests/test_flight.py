@@ -9,8 +9,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from ddp_lab import launch, parting
-from ddp_lab.flight import Collective
+from ddp_lab import launch
+from ddp_lab.launching import parting
+from ddp_lab.launching.flight import Collective
 
 pytestmark = pytest.mark.usefixtures("no_leftovers")
 
@@ -114,7 +115,7 @@ class Rank0LogsInForward(torch.nn.Module):
 
 
 def test_native_stacks_say_clearly_when_py_spy_is_missing(monkeypatch):
-    from ddp_lab import pyspy
+    from ddp_lab.launching import pyspy
 
     monkeypatch.setenv("PATH", "/nonexistent")
     if pyspy.find() is not None:
@@ -124,7 +125,7 @@ def test_native_stacks_say_clearly_when_py_spy_is_missing(monkeypatch):
 
 
 def test_native_stacks_show_the_frames_below_python():
-    from ddp_lab import pyspy
+    from ddp_lab.launching import pyspy
 
     if pyspy.find() is None:
         pytest.skip("py-spy is not installed (optional: pip install py-spy)")

@@ -11,10 +11,10 @@ import torch
 from torch import nn
 
 import ddp_lab
-from ddp_lab.exercise import check
+from ddp_lab.course.exercise import check
 from ddp_lab.lessons import l01_parameter_registration as l01
 from ddp_lab.lessons.l01_parameter_registration import inventory, modules as m
-from ddp_lab.registry import get_lesson
+from ddp_lab.course.registry import get_lesson
 
 LESSON = get_lesson("01")
 CPU_ONLY = pytest.mark.skipif(l01.ON_GPUS, reason="on 2 GPUs the unregistered tensors fail as "

@@ -13,11 +13,11 @@ import torch
 from torch import nn
 
 import ddp_lab
-from ddp_lab.exercise import check
+from ddp_lab.course.exercise import check
 from ddp_lab.lessons import l02_device_and_dtype as l02
 from ddp_lab.lessons.l01_parameter_registration import inventory
 from ddp_lab.lessons.l02_device_and_dtype import modules as m
-from ddp_lab.registry import get_lesson
+from ddp_lab.course.registry import get_lesson
 
 LESSON = get_lesson("02")
 CPU_ONLY = pytest.mark.skipif(l02.ON_GPUS, reason="on 2 GPUs the plain constants fail as a "

@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 
 from ddp_lab import launch, rank_info
-from ddp_lab.exercise import check
+from ddp_lab.course.exercise import check
 from ddp_lab.lessons import l03_process_groups_and_deadlocks as l03
-from ddp_lab.registry import get_lesson
+from ddp_lab.course.registry import get_lesson
 
 LESSON = get_lesson("03")
 EXTRA = {"INIT_SILENT": l03.INIT_SILENT, "INIT_DUPLICATE_RANK": l03.INIT_DUPLICATE_RANK,

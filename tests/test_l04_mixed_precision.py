@@ -11,10 +11,10 @@ import pytest
 
 import torch
 
-from ddp_lab.exercise import check
+from ddp_lab.course.exercise import check
 from ddp_lab.lessons import l04_mixed_precision as l04
 from ddp_lab.lessons.l04_mixed_precision import modules as m
-from ddp_lab.registry import get_lesson
+from ddp_lab.course.registry import get_lesson
 
 LESSON = get_lesson("04")
 

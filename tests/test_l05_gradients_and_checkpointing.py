@@ -10,10 +10,10 @@ import pytest
 
 import torch
 
-from ddp_lab.exercise import check
+from ddp_lab.course.exercise import check
 from ddp_lab.lessons import l05_gradients_and_checkpointing as l05
 from ddp_lab.lessons.l05_gradients_and_checkpointing import modules as m
-from ddp_lab.registry import get_lesson
+from ddp_lab.course.registry import get_lesson
 
 LESSON = get_lesson("05")
 

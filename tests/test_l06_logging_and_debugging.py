@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from ddp_lab import launch
-from ddp_lab.exercise import check
+from ddp_lab.course.exercise import check
 from ddp_lab.lessons import l06_logging_and_debugging as l06
-from ddp_lab.registry import get_lesson
+from ddp_lab.course.registry import get_lesson
 
 LESSON = get_lesson("06")
 

@@ -10,9 +10,9 @@ import math
 import pytest
 
 import ddp_lab
-from ddp_lab.exercise import check
+from ddp_lab.course.exercise import check
 from ddp_lab.lessons import l07_data_across_ranks as l07
-from ddp_lab.registry import get_lesson
+from ddp_lab.course.registry import get_lesson
 
 LESSON = get_lesson("07")
 

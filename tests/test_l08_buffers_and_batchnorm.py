@@ -15,9 +15,9 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import ddp_lab
-from ddp_lab.exercise import check
+from ddp_lab.course.exercise import check
 from ddp_lab.lessons import l08_buffers_and_batchnorm as l08
-from ddp_lab.registry import get_lesson
+from ddp_lab.course.registry import get_lesson
 
 LESSON = get_lesson("08")
 

@@ -9,7 +9,8 @@ import tempfile
 import pytest
 import torch
 
-from ddp_lab import exercise, launch
+from ddp_lab import launch
+from ddp_lab.course import exercise
 from ddp_lab.lessons import l09_saving_and_loading as l09
 
 LESSON = l09.LESSON

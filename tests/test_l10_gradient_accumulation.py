@@ -6,7 +6,8 @@ import pytest
 
 from conftest import scenario_run
 
-from ddp_lab import exercise, launch
+from ddp_lab import launch
+from ddp_lab.course import exercise
 from ddp_lab.lessons import l10_gradient_accumulation as l10
 
 LESSON = l10.LESSON

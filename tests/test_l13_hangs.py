@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from ddp_lab import launch, parting
+from ddp_lab import launch
+from ddp_lab.launching import parting
 from ddp_lab.lessons import l13_hangs as l13
-from ddp_lab.registry import get_lesson
+from ddp_lab.course.registry import get_lesson
 
 LESSON = get_lesson("13")
 pytestmark = pytest.mark.usefixtures("no_leftovers")

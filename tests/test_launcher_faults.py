@@ -10,7 +10,8 @@ import pytest
 
 import rank_bodies as body
 from conftest import alive
-from ddp_lab import _procs, launch, launcher
+from ddp_lab import launch
+from ddp_lab.launching import launcher, processes
 
 pytestmark = pytest.mark.usefixtures("no_leftovers")
 
@@ -31,9 +32,9 @@ def test_a_rank_never_ready_is_stopped_at_the_startup_limit(monkeypatch):
 
 def test_a_cold_fork_server_gives_the_declared_hang():
     # A fresh process, nothing prewarmed: the server is cold when the 3 s hang is launched.
-    code = ("from ddp_lab import _procs\n"
-            "from ddp_lab.registry import get_scenario\n"
-            "assert _procs._server is None\n"
+    code = ("from ddp_lab.launching import processes\n"
+            "from ddp_lab.course.registry import get_scenario\n"
+            "assert processes._server is None\n"
             "s = get_scenario('00', 'collective_on_one_rank')\n"
             "r = s.assert_declared('broken', s.run('broken'))\n"
             "print(r.ranks[0].stuck_in())\n")
@@ -52,17 +53,17 @@ def _wait_dead(pid: int) -> None:
 
 def test_a_launch_right_after_the_server_was_killed_is_ok():
     launch(body.add_ranks)  # a server is running
-    pid = _procs.fork_server().proc.pid
+    pid = processes.fork_server().proc.pid
     os.kill(pid, signal.SIGKILL)  # as the OOM killer or a user's `kill` would
     result = launch(body.add_ranks)
     assert result.status == "ok", result.describe_failure()
-    assert _procs.fork_server().proc.pid != pid
+    assert processes.fork_server().proc.pid != pid
 
 
 def test_a_server_that_died_unnoticed_is_replaced_within_the_launch(monkeypatch):
     # The server dies between the launcher's liveness check and its request: the request
     # fails at once with ServerDied (not after a 180 s wait) and the launch starts over.
-    server = _procs.fork_server()
+    server = processes.fork_server()
     os.kill(server.proc.pid, signal.SIGKILL)
     _wait_dead(server.proc.pid)
     handed = []
@@ -73,8 +74,8 @@ def test_a_server_that_died_unnoticed_is_replaced_within_the_launch(monkeypatch)
             return server  # as if its death were not yet visible
         return real()
 
-    real = _procs.fork_server
-    monkeypatch.setattr(_procs, "fork_server", dead_then_fresh)
+    real = processes.fork_server
+    monkeypatch.setattr(processes, "fork_server", dead_then_fresh)
     start = time.time()
     result = launch(body.add_ranks)
     assert result.status == "ok", result.describe_failure()

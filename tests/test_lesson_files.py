@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from ddp_lab.registry import lessons
+from ddp_lab.course.registry import lessons
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 LESSONS = lessons()

@@ -3,8 +3,8 @@ import threading
 
 import pytest
 
-from ddp_lab.magic import cell_namespace, ddp_cell, parse_line
-from ddp_lab.registry import get_scenario
+from ddp_lab.course.magic import cell_namespace, ddp_cell, parse_line
+from ddp_lab.course.registry import get_scenario
 
 
 def test_a_cell_runs_on_every_rank_with_the_notebooks_names():
@@ -55,7 +55,7 @@ def test_an_unpicklable_name_is_named():
 
 
 def test_the_panel_runs_the_chosen_variant_on_real_ranks(capsys):
-    from ddp_lab.widgets import scenario_panel
+    from ddp_lab.course.widgets import scenario_panel
 
     panel = scenario_panel(get_scenario("00", "rank_exits"))
     size, which, button = panel.children[1].children
@@ -90,8 +90,8 @@ def test_the_stop_button_during_a_launch_shows_the_ranks_output_stacks_and_one_l
 
     from conftest import alive
     from ddp_lab import load_ipython_extension
-    from ddp_lab.display import INTERRUPTED_LINE
-    from ddp_lab.results import LaunchInterrupted
+    from ddp_lab.launching.display import INTERRUPTED_LINE
+    from ddp_lab.launching.results import LaunchInterrupted
 
     pid_files = [tmp_path / f"rank{r}.pid" for r in (0, 1)]
 
@@ -115,7 +115,7 @@ def test_the_stop_button_during_a_launch_shows_the_ranks_output_stacks_and_one_l
     assert "rank 0 was stopped in:\n  all_reduce  (torch/distributed/distributed_c10d.py)" in out
     assert "rank 0: timeout  interrupted in all_reduce()" in out
     assert out.rstrip().splitlines()[-1] == f"LaunchInterrupted: {INTERRUPTED_LINE}"  # one line
-    assert not any(name in out for name in ("launcher.py", "_procs.py", "magic.py", "Traceback"))
+    assert not any(name in out for name in ("launcher.py", "processes.py", "magic.py", "Traceback"))
     pids = [int(p.read_text()) for p in pid_files]
     assert not [pid for pid in pids if alive(pid)], "a rank outlived the interrupt"
 
@@ -124,7 +124,7 @@ def test_a_long_pytorch_message_is_cut_with_an_ellipsis_and_kept_whole_in_its_to
     import html
     import re
 
-    from ddp_lab.display import HEADLINE_WIDTH
+    from ddp_lab.launching.display import HEADLINE_WIDTH
 
     cell = ("import torch\nx = torch.ones(3, requires_grad=True)\ny = x.sigmoid()\ny.mul_(2)\n"
             "y.sum().backward()\n")

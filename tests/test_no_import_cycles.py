@@ -73,10 +73,11 @@ def test_the_cycle_finder_finds_a_cycle():
 
 def test_relative_and_lazy_imports_are_read():
     graph = import_graph()
-    assert "ddp_lab.results" in graph["ddp_lab.launcher"]  # `from .results import ...`
-    assert "ddp_lab.torchrun" in graph["ddp_lab.launcher"]  # inside a function
-    assert "ddp_lab._procs" in graph["ddp_lab.launcher"]  # `from . import _procs`
-    assert "ddp_lab" not in graph["ddp_lab.launcher"]
+    launcher = graph["ddp_lab.launching.launcher"]
+    assert "ddp_lab.launching.results" in launcher  # `from .results import ...`
+    assert "ddp_lab.launching.torchrun" in launcher  # inside a function
+    assert "ddp_lab.launching.processes" in launcher  # `from . import processes`
+    assert "ddp_lab" not in launcher
 
 
 def test_no_import_cycle_in_ddp_lab():

@@ -5,9 +5,9 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from ddp_lab.magic import ddp_cell
-from ddp_lab.registry import get_scenario
-from ddp_lab.widgets import TEXT_LIMIT, panel_text, scenario_panel
+from ddp_lab.course.magic import ddp_cell
+from ddp_lab.course.registry import get_scenario
+from ddp_lab.course.widgets import TEXT_LIMIT, panel_text, scenario_panel
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))

@@ -3,8 +3,8 @@ import pytest
 
 from conftest import scenario_run
 
-from ddp_lab.registry import Expect, lessons
-from ddp_lab.results import ErrorInfo, RankResult, RunResult
+from ddp_lab.course.registry import Expect, lessons
+from ddp_lab.launching.results import ErrorInfo, RankResult, RunResult
 
 ALL = [(s, v) for lesson in lessons().values() for s in lesson.scenarios for v in ("broken", "fixed")]
 
@@ -49,7 +49,7 @@ def test_expect_can_fail_on_each_field():
 
 
 def test_unknown_lesson_and_scenario_are_named():
-    from ddp_lab.registry import get_lesson
+    from ddp_lab.course.registry import get_lesson
 
     with pytest.raises(KeyError, match="no lesson '99'"):
         get_lesson("99")

@@ -6,8 +6,8 @@ import pytest
 
 import rank_bodies as body
 from ddp_lab import launch
-from ddp_lab.registry import Expect
-from ddp_lab.results import STATUSES, ErrorInfo, RankResult, RunResult
+from ddp_lab.course.registry import Expect
+from ddp_lab.launching.results import STATUSES, ErrorInfo, RankResult, RunResult
 
 
 def test_an_unknown_status_is_refused_by_name():

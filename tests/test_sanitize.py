@@ -1,6 +1,6 @@
 """What `sanitize` removes from printed results so they compare equal on any machine, and
 what it keeps."""
-from ddp_lab._sanitize import sanitize
+from ddp_lab.launching.sanitize import sanitize
 
 
 def test_installed_packages_lose_the_machines_prefix():

@@ -8,8 +8,8 @@ import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
 
 from ddp_lab.cli import main
-from ddp_lab.coursebook import lesson_notebooks, student_copy, tags
-from ddp_lab.guide import agenda, _short_order, slot_minutes
+from ddp_lab.kit.coursebook import lesson_notebooks, student_copy, tags
+from ddp_lab.kit.guide import agenda, _short_order, slot_minutes
 
 ROOT = Path(__file__).resolve().parent.parent
 

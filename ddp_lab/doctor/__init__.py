@@ -100,7 +100,7 @@ def _check_trainable(instance, name: str, findings: list[Finding]) -> None:
 
 
 def _run_ranks(source, example, world_size, steps, loss, amp, timeout, settings, plan, where):
-    from ..launcher import launch
+    from ..launching.launcher import launch
     from .analyze import dry_findings
     from .dynamic import probe
     from .failures import failure_findings

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import gc
 
-from ..modwalk import graph_holders, state_tensors
-from ..probes import gather, named_drift
+from ..instruments.modwalk import graph_holders, state_tensors
+from ..instruments.probes import gather, named_drift
 from .inputs import autocast, call, floating_tensors, move
 from .randomness import seed_all, watch_global_generators, watch_randomness
 from .regions import changed_state, module_state
@@ -27,7 +27,7 @@ def probe(source, example, steps: int = 3, loss=None, amp=None, ddp_kwargs=None,
     what the module does under DDP."""
     import torch
 
-    from ..rankinfo import device, rank_info
+    from ..launching.rankinfo import device, rank_info
 
     rank, dev = rank_info().rank, device()
     user = dict(ddp_kwargs or {})
@@ -86,7 +86,7 @@ def _shapes(model) -> dict:
 def wrap(model, dev, settings: dict):
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from ..rankinfo import ddp_kwargs
+    from ..launching.rankinfo import ddp_kwargs
 
     return DDP(model, **{**settings, **ddp_kwargs(dev)})
 
@@ -165,7 +165,7 @@ def eval_collectives(model, batch, amp, dev) -> list[str] | None:
     synchronises only in training lets one rank evaluate alone."""
     import torch
 
-    from ..probes import record_collectives
+    from ..instruments.probes import record_collectives
 
     model.eval()
     try:
@@ -208,7 +208,7 @@ def reproduce_unused_error(model, batch, loss, amp, dev, user: dict) -> str | No
 def train(ddp, model, batch, loss, amp, steps: int, dev) -> dict:
     import torch
 
-    from ..probes import record_collectives
+    from ..instruments.probes import record_collectives
 
     opt = torch.optim.Adam([p for p in ddp.parameters() if p.requires_grad], lr=1e-3)
     out: dict = {"collectives": [], "losses": [], "nonfinite_grads": []}

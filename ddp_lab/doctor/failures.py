@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 import sysconfig
 
-from ..results import main_thread_frames, sanitize
+from ..launching.results import main_thread_frames, sanitize
 from .classify import classify
 from .frames import tidy
 from .report import Finding
@@ -96,7 +96,9 @@ def user_frame_in(stack: str, where: dict | None = None) -> str:
     (`<dynamic-code>`) is named by its file when `where` (frames.code_map) knows it."""
     for filename, func in main_thread_frames(stack):
         name = filename.replace("\\", "/")
-        if (any(s in name for s in _SKIP) or "ddp_lab/_" in name or name == "<string>"
+        if (any(s in name for s in _SKIP) or name == "<string>"
+                or name.endswith(("ddp_lab/launching/child.py", "ddp_lab/launching/forkserver.py",
+                                  "ddp_lab/launching/processes.py"))
                 or name.startswith(_STDLIB)):
             continue
         if name.startswith("<dynamic-code"):
@@ -136,7 +138,7 @@ def _hang(result, recs, where: dict | None = None) -> Finding:
     traces = "\n\n".join(f"--- stack of rank {r.rank} ---\n{_main_thread(r.stack_summary())}"
                          for r in result.ranks if r.stack)
     if parted := result.parting():  # the flight recorder's table, as in the launcher's report
-        from ..parting import table
+        from ..launching.parting import table
 
         ev.append(parted)
         traces = f"--- flight recorder ---\n{table(result.ranks)}\n\n{traces}"

@@ -8,8 +8,9 @@ import inspect
 import linecache
 import re
 
-OWN = ("ddp_lab/doctor/", "ddp_lab/probes.py", "ddp_lab/_forkserver.py", "ddp_lab/_rank.py",
-       "ddp_lab/_procs.py", "ddp_lab/launcher.py", "ddp_lab/modwalk.py", '"<string>"')
+OWN = ("ddp_lab/doctor/", "ddp_lab/instruments/probes.py", "ddp_lab/launching/forkserver.py",
+       "ddp_lab/launching/child.py", "ddp_lab/launching/processes.py",
+       "ddp_lab/launching/launcher.py", "ddp_lab/instruments/modwalk.py", '"<string>"')
 _FRAME = re.compile(r'^(\s*)File "([^"]+)", line (\d+)(,?) in (\S+)')
 FOLDED = "... (the doctor's own frames)"
 

@@ -14,7 +14,7 @@ SEVERITIES = ("error", "warning", "info")
 
 @lru_cache(maxsize=1)
 def _error_classes() -> dict[str, str]:
-    from ..registry import lessons  # the doctor reads the registry; never the reverse
+    from ..course.registry import lessons  # the doctor reads the registry; never the reverse
 
     return {lid: lesson.error_class for lid, lesson in lessons().items() if lesson.error_class}
 

@@ -96,7 +96,7 @@ def sharded_step(model, units, batch, strategy: str, amp: str | None = None) -> 
             default_loss(call(model, batch)).backward()
         else:
             if not __import__("torch").cuda.is_available():
-                from ..deepspeed_ops import require_built
+                from ..instruments.deepspeed_ops import require_built
                 require_built()
             import deepspeed
             deepspeed.init_distributed(dist_backend="gloo")
@@ -115,7 +115,7 @@ def probe(source, example, strategy: str, amp: str | None = None) -> dict:
     requires_grad, and the sharded run's own error."""
     import torch
 
-    from ..rankinfo import rank_info
+    from ..launching.rankinfo import rank_info
     from .inputs import batch_for
 
     rank = rank_info().rank
@@ -134,7 +134,7 @@ def probe(source, example, strategy: str, amp: str | None = None) -> dict:
 def check(source, example, strategy: str, world_size: int, timeout: float,
           amp: str | None = None):
     """Launch `probe` on `world_size` ranks; (RunResult, findings of lesson 12)."""
-    from ..launcher import launch
+    from ..launching.launcher import launch
 
     run = launch(probe, source, example, strategy=strategy, amp=amp, world_size=world_size,
                  timeout=timeout, grace=2.0, label=f"doctor {strategy}")

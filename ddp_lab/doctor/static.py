@@ -7,7 +7,7 @@ import inspect
 import re
 
 from .report import Finding
-from ..modwalk import Hidden, hidden
+from ..instruments.modwalk import Hidden, hidden
 
 _HARD_DEVICE = re.compile(r"""\.cuda\(|['"]cuda(:\d+)?['"]|device\s*=\s*['"]cpu['"]|"""
                           r"""torch\.device\(\s*['"]cpu['"]""")

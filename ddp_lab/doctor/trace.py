@@ -11,12 +11,12 @@ import sys
 import warnings
 from contextlib import ExitStack, contextmanager
 
-from ..probes import Timeline, record_collectives
+from ..instruments.probes import Timeline, record_collectives
 from .regions import watch_checkpoints
 
 FACTORIES = {"zeros", "ones", "empty", "full", "rand", "randn", "randint", "arange", "linspace",
              "logspace", "eye", "tensor", "as_tensor", "zeros_like", "ones_like"}
-_SKIP = ("/torch/", "/ddp_lab/doctor/", "/ddp_lab/probes.py", "/contextlib.py", "/warnings.py",
+_SKIP = ("/torch/", "/ddp_lab/doctor/", "/ddp_lab/instruments/probes.py", "/contextlib.py", "/warnings.py",
          "/functools.py", "<frozen")
 _CELL = re.compile(r".*/ipykernel_\d+/\d+\.py$|<ipython-input-[^>]*>")
 

@@ -1,7 +1,7 @@
 """Lesson 00: how ranks are launched and read, and the source document's own example, run and fixed."""
 from __future__ import annotations
 
-from ...registry import Expect, Lesson, Scenario, Variant
+from ...course.registry import Expect, Lesson, Scenario, Variant
 from .figures import figures
 from .runs import (SOURCE_EXAMPLE, SOURCE_FIXES, all_reduce_hello, exit_mid_run, metric_on_rank0_only,
                    run_source_example, source_example, source_fix_diff, train_on_shards)

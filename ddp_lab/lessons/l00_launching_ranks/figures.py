@@ -1,7 +1,7 @@
 """Lesson 00's figure: the corrected source example's loss on every rank."""
 from __future__ import annotations
 
-from ...plots import figure, per_rank_lines
+from ...course.plots import figure, per_rank_lines
 
 
 def figures(results) -> dict:

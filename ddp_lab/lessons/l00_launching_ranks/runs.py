@@ -10,7 +10,7 @@ import os
 import torch
 import torch.distributed as dist
 
-from ...rankinfo import rank_info
+from ...launching.rankinfo import rank_info
 
 
 def all_reduce_hello() -> dict:

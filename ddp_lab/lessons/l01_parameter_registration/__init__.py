@@ -11,8 +11,8 @@ from dataclasses import replace
 
 import torch
 
-from ... import modwalk as inventory
-from ...registry import Expect, Lesson, ModuleCase, Scenario, Variant
+from ...instruments import modwalk as inventory
+from ...course.registry import Expect, Lesson, ModuleCase, Scenario, Variant
 from . import modules as m
 from .figures import figures
 from .runs import find_unused_cost, train, who_runs_forward

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from matplotlib.ticker import MaxNLocator
 
-from ...plots import BROKEN, FIXED, figure, lines
+from ...course.plots import BROKEN, FIXED, figure, lines
 
 YLABEL = "max |t(rank r) - t(rank 0)|"
 XLABEL = "training step (0 = after wrapping)"

@@ -14,9 +14,9 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ...probes import tensor_drift
-from ...rankinfo import ddp_kwargs, device, rank_info
-from ...modwalk import trainable, unregistered
+from ...instruments.probes import tensor_drift
+from ...launching.rankinfo import ddp_kwargs, device, rank_info
+from ...instruments.modwalk import trainable, unregistered
 from .modules import AuxHeadNet, AuxHeadNetFixed, FEATURES, GainNet, example_batch
 
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import torch
 
-from ...registry import Expect, Lesson, ModuleCase, Scenario, Variant
-from ...results import RunResult, sanitize
+from ...course.registry import Expect, Lesson, ModuleCase, Scenario, Variant
+from ...launching.results import RunResult, sanitize
 from . import modules as m
 from .figures import figures
 from .runs import (constants_across_ranks, hardcoded_cuda, materialise, train_cast,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from matplotlib.ticker import MaxNLocator
 
-from ...plots import BROKEN, FIXED, figure, lines
+from ...course.plots import BROKEN, FIXED, figure, lines
 
 REGISTERED_COLOUR, PLAIN_COLOUR, ODD_COLOUR = "#d5f5e3", "#fadbd8", "#c0392b"
 

@@ -11,9 +11,9 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ...probes import tensor_drift
-from ...rankinfo import ddp_kwargs, device, rank_info
-from ...modwalk import find_tensors, table
+from ...instruments.probes import tensor_drift
+from ...launching.rankinfo import ddp_kwargs, device, rank_info
+from ...instruments.modwalk import find_tensors, table
 from .modules import PositionalNet, RandomFeatures, SourceModule, example_batch
 
 

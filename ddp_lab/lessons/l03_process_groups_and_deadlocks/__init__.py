@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ...registry import Expect, Lesson, Scenario, Variant
-from ...results import frames_text
+from ...course.registry import Expect, Lesson, Scenario, Variant
+from ...launching.results import frames_text
 from .figures import figures, spans_from_run, timeline_figure
 from .runs import (LoggedTimeline, TinyNet, evaluate, init_group, per_rank, report_on_every_rank,
                    report_on_rank0, shard_losses, train_and_report, uneven_epoch)

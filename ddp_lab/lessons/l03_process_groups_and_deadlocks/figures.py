@@ -3,7 +3,7 @@
 rank was stopped, and drawn as a Gantt chart per rank."""
 from __future__ import annotations
 
-from ...ranklog import records
+from ...instruments.logs import records
 from .runs import LOGGER
 
 COLOURS = {"forward": "#4c72b0", "backward": "#55a868", "optimizer step": "#8172b2",
@@ -34,7 +34,7 @@ def spans_from_run(result) -> tuple[list[list[tuple]], list[list[tuple]]]:
 
 def draw_timeline(ax, result, which: str) -> None:
     """One panel: each rank's spans; a span still open when the rank was stopped is hatched."""
-    from ...plots import gantt
+    from ...course.plots import gantt
 
     done, still_open = spans_from_run(result)
     gantt(ax, [d + o for d, o in zip(done, still_open)], colours=COLOURS,
@@ -54,7 +54,7 @@ def draw_timeline(ax, result, which: str) -> None:
 
 def timeline_figure(broken, fixed):
     """Broken beside fixed: per-rank Gantt charts of training phases and collectives."""
-    from ...plots import broken_beside_fixed
+    from ...course.plots import broken_beside_fixed
 
     return broken_beside_fixed(draw_timeline, broken, fixed, sharey=False,
                                title="Collectives per rank: loss all-reduced on rank 0 only, "

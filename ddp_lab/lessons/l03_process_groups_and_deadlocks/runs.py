@@ -14,9 +14,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ...probes import Timeline, record_collectives
-from ...rankinfo import ddp_kwargs, device, rank_info
-from ...ranklog import get_logger
+from ...instruments.probes import Timeline, record_collectives
+from ...launching.rankinfo import ddp_kwargs, device, rank_info
+from ...instruments.logs import get_logger
 
 
 # Timelines that survive a hang: each span is written to the rank's log as it starts and ends,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from ...registry import Expect, Lesson, ModuleCase, Scenario, Variant
+from ...course.registry import Expect, Lesson, ModuleCase, Scenario, Variant
 from . import modules as m
 from .figures import draw_precisions, figures, precision_runs
 from .runs import amp_api_step, compare_precisions, fit_decoder, train_autocast, train_half_weights, zero_checkpoint

@@ -2,7 +2,7 @@
 GradScaler chooses step by step."""
 from __future__ import annotations
 
-from ...plots import BROKEN, FIXED, figure, lines
+from ...course.plots import BROKEN, FIXED, figure, lines
 
 COLOURS = {"fp32": "#34495e", "bf16": "#2980b9", "fp16": BROKEN, "fp16 + GradScaler": FIXED}
 

@@ -11,8 +11,8 @@ import warnings
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ...probes import gather, named_drift
-from ...rankinfo import ddp_kwargs, device, rank_info
+from ...instruments.probes import gather, named_drift
+from ...launching.rankinfo import ddp_kwargs, device, rank_info
 from .modules import CustomOpNet, CustomOpNetFixed, Decoder, HalfWeightNet, decoder_data, example_batch
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}

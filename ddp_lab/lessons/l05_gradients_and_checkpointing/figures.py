@@ -2,7 +2,7 @@
 each rank's peak memory, and the memory a retain_graph loop piles up step by step."""
 from __future__ import annotations
 
-from ...plots import BROKEN, FIXED, figure, rank_colour
+from ...course.plots import BROKEN, FIXED, figure, rank_colour
 
 
 def draw_depth(ax, broken: dict, fixed: dict) -> None:

@@ -8,8 +8,8 @@ from __future__ import annotations
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ...probes import named_drift, saved_tensor_bytes
-from ...rankinfo import ddp_kwargs, device, rank_info
+from ...instruments.probes import named_drift, saved_tensor_bytes
+from ...launching.rankinfo import ddp_kwargs, device, rank_info
 from .runs_memory import held_saved_bytes, memory_mb, peak_growth, slope
 from .modules import AttentionPool, ContextNet, DeepMLP, MemoryNet
 

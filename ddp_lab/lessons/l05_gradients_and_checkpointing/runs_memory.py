@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ...probes import current_rss_mb, peak_rss_mb
+from ...instruments.probes import current_rss_mb, peak_rss_mb
 
 
 @dataclass

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ...registry import Expect, Lesson, Scenario, Variant
+from ...course.registry import Expect, Lesson, Scenario, Variant
 from .figures import (console_summary, ddp_settings, debug_summary, is_collateral, step_times,
                       straggler_figure, torchrun_failures)
 from .runs import (EOS, VOCAB, AuxNet, BothHeads, TokenModel, detail_after_init, mismatched_collectives,

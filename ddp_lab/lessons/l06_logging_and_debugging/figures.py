@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import re
 
-from ...ranklog import console, records
-from ...results import peer_gone
+from ...instruments.logs import console, records
+from ...launching.results import peer_gone
 
 _NAMES = re.compile(r"Parameters which did not receive grad for rank \d+: (.+)")
 _CPP_NAME = re.compile(r"Parameter: (\S+) did not get gradient")
@@ -76,7 +76,7 @@ COLOURS = {"data": "#937860", "forward + backward": "#4c72b0", "optimizer step":
 
 
 def _draw_straggler(ax, result, which):
-    from ...plots import gantt
+    from ...course.plots import gantt
 
     spans = [sorted(v["spans"], key=lambda s: s[0] == "all_reduce (DDP)") for v in result.values]
     gantt(ax, spans, colours=COLOURS, title=f"rank 0: {result.values[0]['wait_s'] * 1000:.0f} ms "
@@ -90,7 +90,7 @@ def straggler_figure(broken, fixed):
     """Broken (rank 1 loads each batch slowly) beside fixed: per-rank timelines, with DDP's
     all-reduce (from the moment a rank's gradients are ready to the moment every rank's have
     arrived) drawn on top of the backward pass it overlaps."""
-    from ...plots import broken_beside_fixed
+    from ...course.plots import broken_beside_fixed
 
     return broken_beside_fixed(_draw_straggler, broken, fixed, sharey=False,
                                title="A straggler: rank 1's slow data makes rank 0 wait in DDP's all-reduce")

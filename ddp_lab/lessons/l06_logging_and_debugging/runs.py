@@ -12,9 +12,9 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ...probes import Timeline
-from ...rankinfo import ddp_kwargs, device, rank_info
-from ...ranklog import get_logger
+from ...instruments.probes import Timeline
+from ...launching.rankinfo import ddp_kwargs, device, rank_info
+from ...instruments.logs import get_logger
 
 
 def _ddp(build, *args, seed: int = 0):

@@ -14,7 +14,7 @@ from datetime import timedelta
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from ..._rank import _die_with_parent
+from ...launching.child import _die_with_parent
 from .runs import VOCAB, train_tokens
 
 WORKER = "ddp_lab.lessons.l06_logging_and_debugging.runs_torchrun"  # this module

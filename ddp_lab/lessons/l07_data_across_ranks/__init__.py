@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from functools import partial
 
-from ...registry import Expect, Lesson, Scenario, Variant
+from ...course.registry import Expect, Lesson, Scenario, Variant
 from .figures import draw_seen, figures, seen_matrix
 from .runs import (IndexedDataset, data_metrics, distributed_batches, even_filtered_batches,
                    filtered_shard_batches, sampler_batches_no_set_epoch, shuffled_batches, train)

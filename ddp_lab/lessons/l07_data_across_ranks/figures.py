@@ -31,7 +31,7 @@ def draw_seen(ax, seen_by_rank, n: int, batch_size: int, title: str, vmax: float
 
 
 def figures(results) -> dict:
-    from ...plots import BROKEN, FIXED, figure
+    from ...course.plots import BROKEN, FIXED, figure
 
     panels = [("no sampler", results["no_sampler"]["broken"], BROKEN),
               ("sampler, no set_epoch", results["no_set_epoch"]["broken"], BROKEN),

@@ -9,8 +9,8 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
 
-from ...probes import gather, module_drift
-from ...rankinfo import ddp_kwargs, device, rank_info
+from ...instruments.probes import gather, module_drift
+from ...launching.rankinfo import ddp_kwargs, device, rank_info
 
 
 # --- the dataset ----------------------------------------------------------------------------

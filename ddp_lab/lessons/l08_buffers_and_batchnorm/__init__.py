@@ -10,7 +10,7 @@ from functools import partial
 
 from torch import nn
 
-from ...registry import Expect, Lesson, ModuleCase, Scenario, Variant
+from ...course.registry import Expect, Lesson, ModuleCase, Scenario, Variant
 from .figures import figures
 from .modules import (AllReduceSum, CenteredRegressor, NormNet, RunningCenter, SyncedNorm1d,
                       SyncedRunningCenter, distributed)

@@ -1,7 +1,7 @@
 """The pictures of lesson 08: each buffer's value per rank over the training steps."""
 from __future__ import annotations
 
-from ...plots import BROKEN, FIXED, figure, rank_colour
+from ...course.plots import BROKEN, FIXED, figure, rank_colour
 
 
 def _mean(values) -> float:

@@ -11,8 +11,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ...probes import module_drift, named_drift, tensor_drift
-from ...rankinfo import ddp_kwargs, device, rank_info
+from ...instruments.probes import module_drift, named_drift, tensor_drift
+from ...launching.rankinfo import ddp_kwargs, device, rank_info
 from .modules import CenteredRegressor, NormNet, RunningCenter
 
 BATCH, FEATURES = 4, 4

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from ...registry import Expect, Lesson, Scenario, Variant
+from ...course.registry import Expect, Lesson, Scenario, Variant
 from .modules import Net
 from .runs import checksum, count_saves, fingerprint, shared_tmpdir, train
 from .figures import figures

@@ -11,7 +11,7 @@ def _draw_holdings(ax, runs, which: str) -> None:
     green when it is rank 0's checkpoint, red when it is not, grey when the load failed."""
     from matplotlib.patches import Rectangle
 
-    from ...plots import BROKEN, FIXED
+    from ...course.plots import BROKEN, FIXED
 
     for col, result in enumerate(runs.values()):
         for r in result.ranks:
@@ -36,7 +36,7 @@ def _draw_holdings(ax, runs, which: str) -> None:
 
 def figures(results) -> dict:
     """Per-rank checksums of the weights after each scenario's load, broken beside fixed."""
-    from ...plots import broken_beside_fixed
+    from ...course.plots import broken_beside_fixed
 
     broken = {name: runs["broken"] for name, runs in results.items()}
     fixed = {name: runs["fixed"] for name, runs in results.items()}

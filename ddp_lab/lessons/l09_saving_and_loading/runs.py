@@ -13,8 +13,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ...probes import gather
-from ...rankinfo import ddp_kwargs, rank_info
+from ...instruments.probes import gather
+from ...launching.rankinfo import ddp_kwargs, rank_info
 from .modules import Net
 
 

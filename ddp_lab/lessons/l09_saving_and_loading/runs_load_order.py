@@ -8,8 +8,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ...probes import named_drift
-from ...rankinfo import ddp_kwargs, device, rank_info
+from ...instruments.probes import named_drift
+from ...launching.rankinfo import ddp_kwargs, device, rank_info
 from .modules import Net
 from .runs import compare_with_checkpoint, fingerprint, shared_tmpdir, train
 from .runs_writers import save_on_rank0

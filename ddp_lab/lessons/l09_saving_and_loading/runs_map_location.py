@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ...rankinfo import device, rank_info
+from ...launching.rankinfo import device, rank_info
 from .runs import compare_with_checkpoint, shared_tmpdir, train
 
 _AS_GPU = {"on": False, "registered": False}

@@ -8,7 +8,7 @@ import torch.distributed as dist
 from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ...rankinfo import device, rank_info
+from ...launching.rankinfo import device, rank_info
 from .modules import Net
 from .runs import compare_with_checkpoint, shared_tmpdir, train
 

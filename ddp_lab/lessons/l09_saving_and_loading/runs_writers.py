@@ -7,8 +7,8 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ...probes import gather
-from ...rankinfo import device, rank_info
+from ...instruments.probes import gather
+from ...launching.rankinfo import device, rank_info
 from .runs import checksum, count_saves, fingerprint, shared_tmpdir, train
 
 

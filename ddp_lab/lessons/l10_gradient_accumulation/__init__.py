@@ -5,7 +5,7 @@ the picture in `figures.py`.
 """
 from __future__ import annotations
 
-from ...registry import Expect, Lesson, Scenario, Variant
+from ...course.registry import Expect, Lesson, Scenario, Variant
 from .figures import figures
 from .modules import Net
 from .runs import (CommCounter, accumulate_and_step, backward_every_micro_batch,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 def _bars(ax, series: dict, *, title: str, ylabel: str, log: bool = False) -> None:
     """Grouped bars: one group per optimiser step, one bar per labelled run."""
-    from ...plots import BROKEN, FIXED
+    from ...course.plots import BROKEN, FIXED
 
     colours = [BROKEN, FIXED, "#7f8c8d"]
     width = 0.8 / max(len(series), 1)
@@ -32,7 +32,7 @@ def figures(results) -> dict:
     against the large-batch reference with summed and averaged micro-batch losses."""
     from matplotlib.ticker import MaxNLocator
 
-    from ...plots import figure
+    from ...course.plots import figure
 
     sync = {w: results["no_sync"][w].ranks[0].value for w in ("broken", "fixed")}
     scale = {w: results["loss_scaling"][w].ranks[0].value for w in ("broken", "fixed")}

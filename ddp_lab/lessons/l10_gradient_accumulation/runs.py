@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ...rankinfo import ddp_kwargs, device, rank_info
+from ...launching.rankinfo import ddp_kwargs, device, rank_info
 from .modules import Net
 
 

@@ -8,7 +8,7 @@ measures what sharding buys: bytes per rank by ZeRO stage.
 """
 from __future__ import annotations
 
-from ...registry import Expect, Lesson, ModuleCase, Scenario, Variant
+from ...course.registry import Expect, Lesson, ModuleCase, Scenario, Variant
 from .figures import draw_memory, figures
 from .modules import (Adapted, Gated, GatedFixed, RegisteredTie, Scaled, ScaledFixed, TiedLM,
                       TiedLMFixed, adapted, features, mlp, scaled_net, scaled_net_fixed,
@@ -45,7 +45,7 @@ def prewarm_deepspeed(wait: bool = False) -> bool:
 
     import torch
 
-    from ..._procs import prewarm
+    from ...launching.processes import prewarm
 
     if not torch.cuda.is_available():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
@@ -57,7 +57,7 @@ def prepare() -> None:
     progress on stderr, never inside a rank; DeepSpeed preloaded in the fork server."""
     import sys
 
-    from ...deepspeed_ops import ensure_built
+    from ...instruments.deepspeed_ops import ensure_built
 
     ensure_built(say=lambda line: print(line, file=sys.stderr, flush=True))
     prewarm_deepspeed()

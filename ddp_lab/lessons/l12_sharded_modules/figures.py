@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from matplotlib.patches import Patch
 
-from ...plots import figure
+from ...course.plots import figure
 
 PARTS = {"params": "parameters", "grads": "gradients",
          "optim": "Adam state (+ DeepSpeed's float32 master copy)"}

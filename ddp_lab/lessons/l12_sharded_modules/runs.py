@@ -9,7 +9,7 @@ import copy
 
 import torch
 
-from ...rankinfo import rank_info
+from ...launching.rankinfo import rank_info
 from .modules import Scaled, TiedLM, adapted, features, mlp, scaled_net, tokens, units
 
 

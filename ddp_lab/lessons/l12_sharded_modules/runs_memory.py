@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ...rankinfo import ddp_kwargs, device, rank_info
+from ...launching.rankinfo import ddp_kwargs, device, rank_info
 from .modules import WIDTH, features
 from .runs import shard
 

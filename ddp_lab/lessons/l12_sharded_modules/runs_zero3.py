@@ -9,7 +9,7 @@ import contextlib
 
 import torch
 
-from ...rankinfo import rank_info, restart_clock
+from ...launching.rankinfo import rank_info, restart_clock
 from .modules import features, mlp
 
 CONFIG = {"train_micro_batch_size_per_gpu": 8, "zero_optimization": {"stage": 3},
@@ -22,7 +22,7 @@ def zero3_engine(model, stage: int = 3):
     accelerator when there is no GPU). On CPU, refuses to start if DeepSpeed's C++ op is not
     built yet, rather than compile it for minutes inside this rank (`ddp-lab build-ops`)."""
     if not torch.cuda.is_available():
-        from ...deepspeed_ops import require_built
+        from ...instruments.deepspeed_ops import require_built
         require_built()
     import deepspeed
 

@@ -12,8 +12,8 @@ and `TORCH_NCCL_DUMP_ON_TIMEOUT=1`, NCCL's watchdog dumps this same record itsel
 """
 from __future__ import annotations
 
-from ...parting import find
-from ...registry import Expect, Lesson, Scenario, Variant
+from ...launching.parting import find
+from ...course.registry import Expect, Lesson, Scenario, Variant
 from .figures import figures
 from .modules import Classifier
 from .runs import (broadcast_vocabulary, evaluate, local_loss, save_checkpoint_slowly,

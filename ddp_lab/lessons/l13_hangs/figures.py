@@ -2,8 +2,8 @@
 sequence numbers, the collective where the ranks part marked, broken beside fixed."""
 from __future__ import annotations
 
-from ...parting import find
-from ...plots import BROKEN, FIXED, figure
+from ...launching.parting import find
+from ...course.plots import BROKEN, FIXED, figure
 
 PANELS = (("rank0_evaluation", "1. rank-0 evaluation through DDP"),
           ("slow_rank0_save", "2. slow rank-0 save"),

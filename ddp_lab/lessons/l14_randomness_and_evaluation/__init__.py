@@ -10,7 +10,7 @@ from functools import partial
 
 import torch
 
-from ...registry import Expect, Lesson, ModuleCase, Scenario, Variant
+from ...course.registry import Expect, Lesson, ModuleCase, Scenario, Variant
 from .figures import figures
 from .modules import (DropoutNet, NumpyJitterNet, OwnDropoutNet, RandomCrops, ShuffledNet,
                       reseed_worker)

@@ -2,7 +2,7 @@
 and the loss rank 0 logs beside the all-reduced loss, step by step."""
 from __future__ import annotations
 
-from ...plots import BROKEN, FIXED, figure, rank_colour
+from ...course.plots import BROKEN, FIXED, figure, rank_colour
 
 # scenario: (panel title, y label, the value a run returned, as the panel shows it)
 PANELS = {

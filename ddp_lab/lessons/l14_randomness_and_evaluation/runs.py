@@ -14,7 +14,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
 
-from ...rankinfo import ddp_kwargs, device, rank_info
+from ...launching.rankinfo import ddp_kwargs, device, rank_info
 from .modules import FEATURES, DropoutNet, RandomCrops, ShuffledNet, reseed_worker
 
 INIT_SEED = 0      # the model's initialisation: the same on every rank

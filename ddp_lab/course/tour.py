@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .registry import Lesson, Scenario, lessons
-from .results import RunResult
+from ..launching.results import RunResult
 
 
 @dataclass

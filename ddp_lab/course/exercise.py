@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from .registry import Scenario
-from .results import RunResult
+from ..launching.results import RunResult
 
 
 @dataclass

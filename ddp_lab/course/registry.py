@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping
 
-from .results import STATUSES, RunResult
+from ..launching.results import STATUSES, RunResult
 
 VARIANTS = ("broken", "fixed")
 
@@ -147,7 +147,7 @@ class Variant:
 
     def run(self, *, world_size: int | None = None, timeout: float | None = None,
             label: str = "", **kwargs) -> RunResult:
-        from .launcher import launch
+        from ..launching.launcher import launch
 
         # No warm server needed: each rank's timeout counts from when that rank is ready.
         return launch(self.fn, world_size=world_size or self.world_size,
@@ -243,7 +243,7 @@ class Lesson:
 
 def lessons() -> dict[str, Lesson]:
     """Every lesson in ddp_lab.lessons, by id, in order."""
-    from . import lessons as pkg
+    from .. import lessons as pkg
 
     found = {}
     for info in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda i: i.name):

@@ -16,8 +16,8 @@ import ast
 import shlex
 import types
 
-from .launcher import launch
-from ._sanitize import sanitize
+from ..launching.launcher import launch
+from ..launching.sanitize import sanitize
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -77,7 +77,7 @@ def _two_rank_body():
 
 
 def check_launch(timeout: float = 60) -> Check:
-    from .launcher import launch
+    from ..launching.launcher import launch
 
     start = time.time()
     try:

@@ -6,7 +6,7 @@ files at the file-descriptor level, arms faulthandler so the launcher can ask fo
 thread's stack, initialises the process group if asked, runs the function, and writes a result
 file. Nothing here starts a process; the launcher owns processes.
 
-Run as `python -m ddp_lab._rank SPEC` for a plain-spawn launch; the forkserver calls
+Run as `python -m ddp_lab.launching.child SPEC` for a plain-spawn launch; the forkserver calls
 `child_main(spec_path)` in a freshly forked child.
 """
 from __future__ import annotations
@@ -86,7 +86,7 @@ def _launchers_own(code) -> bool:
     """This file's frames, and %%ddp's `run_cell` that executes a cell (then the cell's own
     frames follow)."""
     path = code.co_filename.replace("\\", "/")
-    return code.co_filename == __file__ or (path.endswith("ddp_lab/magic.py")
+    return code.co_filename == __file__ or (path.endswith("ddp_lab/course/magic.py")
                                             and code.co_name == "run_cell")
 
 

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from . import _procs, flight, pyspy
+from . import flight, processes, pyspy
 from .rankinfo import in_torchrun
 from .results import (CRASHED, ERROR, INTERRUPTED, OK, TIMEOUT, ErrorInfo, LaunchInterrupted,
                       RankResult, RunResult)
@@ -103,7 +103,7 @@ def launch(fn: Callable, *args, world_size: int = 2, backend: str = "auto",
     payload = _pickle_payload(fn, args, kwargs)
     env = {str(k): str(v) for k, v in (env or {}).items()}
     if start_method == "auto":
-        spawn = not _procs.forkserver_available() or any(k in env for k in IMPORT_TIME_VARS)
+        spawn = not processes.forkserver_available() or any(k in env for k in IMPORT_TIME_VARS)
         start_method = "spawn" if spawn else "forkserver"
     workdir = tempfile.mkdtemp(prefix="ddp-lab-")
     ranks: list[_Rank] = []
@@ -120,7 +120,7 @@ def launch(fn: Callable, *args, world_size: int = 2, backend: str = "auto",
                     ranks.append(_start_rank(r, spec))
                     ranks[-1].native = native_stacks
                 break
-            except _procs.ServerDied:
+            except processes.ServerDied:
                 if attempt == 2:
                     raise
                 _kill(ranks)  # the server died (killed, OOM) under us: start over on a new one
@@ -153,8 +153,8 @@ def _preload_for_next_time(fn) -> None:
     if name in (None, "__main__") or not getattr(sys.modules.get(name), "__file__", None):
         return
     try:
-        _procs.prewarm(modules=[name])
-    except _procs.ServerDied:
+        processes.prewarm(modules=[name])
+    except processes.ServerDied:
         pass  # the next launch starts a new server
 
 
@@ -244,7 +244,7 @@ def _start_rank(r: int, launch: _LaunchSpec) -> _Rank:
     env = dict(launch.base_env, RANK=str(r), LOCAL_RANK=str(r))
     spec = dict(paths, payload=launch.payload, env=env, sys_path=list(sys.path),
                 backend=launch.backend, init_process_group=launch.init_process_group,
-                pg_timeout=launch.timeout + PG_TIMEOUT_MARGIN, preload=_procs.PRELOAD_IDLE,
+                pg_timeout=launch.timeout + PG_TIMEOUT_MARGIN, preload=processes.PRELOAD_IDLE,
                 threads=max(1, (os.cpu_count() or 1) // launch.world_size))
     spec_path = os.path.join(launch.workdir, f"rank{r}.spec")
     with open(spec_path, "wb") as f:
@@ -252,9 +252,9 @@ def _start_rank(r: int, launch: _LaunchSpec) -> _Rank:
     rk = _Rank(r, paths, started_at=time.time())
     if launch.start_method == "forkserver":
         # The server may be busy preloading one module (seconds; more on a loaded machine).
-        rk.handle = _procs.fork_server().spawn(spec_path, timeout=STARTUP_LIMIT)
+        rk.handle = processes.fork_server().spawn(spec_path, timeout=STARTUP_LIMIT)
     else:
-        rk.handle = _procs.SpawnedRank(spec_path, dict(env, PYTHONPATH=os.pathsep.join(sys.path)))
+        rk.handle = processes.SpawnedRank(spec_path, dict(env, PYTHONPATH=os.pathsep.join(sys.path)))
     return rk
 
 

@@ -12,7 +12,7 @@ import signal
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._sanitize import sanitize  # noqa: F401  (re-exported: ddp_lab.results.sanitize)
+from .sanitize import sanitize  # noqa: F401  (re-exported: ddp_lab.results.sanitize)
 from .display import run_result_html
 
 # A rank's status, plain strings (so results pickle and print as before), mildest first:
@@ -159,8 +159,8 @@ class RankResult:
 
 
 # Frames of the launcher's own in a stack dump: the rank's entry points and %%ddp's run_cell.
-LAUNCHERS_FRAMES = ("ddp_lab/_rank.py", "ddp_lab/_forkserver.py", "<frozen runpy>",
-                    'File "<string>"', "ddp_lab/magic.py")
+LAUNCHERS_FRAMES = ("ddp_lab/launching/child.py", "ddp_lab/launching/forkserver.py", "<frozen runpy>",
+                    'File "<string>"', "ddp_lab/course/magic.py")
 _FRAME = re.compile(r'File "([^"]+)", line \d+ in (\S+)')
 
 
@@ -182,8 +182,9 @@ def frames_text(stack: str, limit: int = 8) -> str:
     `.stack`, or a crashed rank's stderr), most recent call first, one `function  (file)` a
     line, the launcher's own frames left out: no line numbers, so it reads the same every run."""
     frames = [(f, fn) for f, fn in main_thread_frames(stack)
-              if not f.startswith("<frozen") and "ddp_lab/_" not in f and f != "<string>"
-              and not f.endswith("ddp_lab/magic.py")]
+              if not f.startswith("<frozen") and f != "<string>"
+              and not f.endswith(("ddp_lab/launching/child.py", "ddp_lab/launching/forkserver.py",
+                                  "ddp_lab/launching/processes.py", "ddp_lab/course/magic.py"))]
     return "\n".join(f"  {fn}  ({sanitize(f)})" for f, fn in frames[:limit])
 
 

@@ -57,6 +57,6 @@ def restart_clock(seconds: float | None = None) -> bool:
     eat a deliberate hang's seconds nor force a long launch timeout; with `seconds`, the rank
     has that many seconds from now instead of the launch's timeout. False (nothing done) when
     this process is not a launched rank (e.g. under torchrun)."""
-    from . import _rank
+    from . import child
 
-    return _rank.restart_clock(seconds)
+    return child.restart_clock(seconds)

@@ -21,7 +21,7 @@ import re
 import sys
 from dataclasses import dataclass
 
-from .rankinfo import rank_info
+from ..launching.rankinfo import rank_info
 
 _RECORD = re.compile(r"^\[rank (\d+)\] (\d\d:\d\d:\d\d\.\d{3}) ([A-Z]+) (\S+?): (.*)$")
 _MORE = re.compile(r"^\[rank (\d+)\] {5}(.*)$")  # continuation line of a multi-line message

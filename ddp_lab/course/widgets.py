@@ -5,7 +5,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 from .registry import Scenario
-from .results import LaunchInterrupted
+from ..launching.results import LaunchInterrupted
 
 TEXT_LIMIT = 110  # ipywidgets cuts a widget's text/plain form here
 

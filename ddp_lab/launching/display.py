@@ -6,7 +6,7 @@ import html
 import inspect
 import textwrap
 
-from ._sanitize import sanitize
+from .sanitize import sanitize
 
 _COLOURS = {"ok": "#27ae60", "error": "#c0392b", "timeout": "#d68910", "crashed": "#7d3c98"}
 
