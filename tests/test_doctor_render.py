@@ -10,7 +10,10 @@ from torch import nn
 
 import ddp_lab
 from ddp_lab.doctor import Finding, Report, doctor
+from ddp_lab.doctor import dynamic, sync, trace
 from ddp_lab.doctor.loader import load_target
+from ddp_lab.instruments import probes
+from ddp_lab.launching.frames import place
 
 
 def _noop():
@@ -63,7 +66,7 @@ def test_stacks_name_the_users_file_and_fold_the_doctors_frames(tmp_path):
     assert 'File "hangs.py", line 14 in forward' in f.trace, f.trace
     assert "dist.all_reduce(y.detach().mean())" in f.trace
     assert "all_reduce(), called from forward() in hangs.py" in f.evidence[0]
-    for own in ("<dynamic-code", "doctor/trace.py", "probes.py", "doctor/sync.py", "dynamic.py"):
+    for own in ["<dynamic-code"] + [place(m) for m in (trace, probes, sync, dynamic)]:
         assert own not in f.trace, f.trace
     assert "... (the doctor's own frames)" in f.trace
     # every rank's stack is there, not only the first (folding does not swallow what follows)

@@ -11,6 +11,7 @@ import pytest
 import rank_bodies as body
 from conftest import alive
 from ddp_lab import launch
+from ddp_lab.course.registry import get_scenario
 from ddp_lab.launching import launcher, processes
 
 pytestmark = pytest.mark.usefixtures("no_leftovers")
@@ -32,8 +33,8 @@ def test_a_rank_never_ready_is_stopped_at_the_startup_limit(monkeypatch):
 
 def test_a_cold_fork_server_gives_the_declared_hang():
     # A fresh process, nothing prewarmed: the server is cold when the 3 s hang is launched.
-    code = ("from ddp_lab.launching import processes\n"
-            "from ddp_lab.course.registry import get_scenario\n"
+    code = (f"import {processes.__name__} as processes\n"
+            f"from {get_scenario.__module__} import get_scenario\n"
             "assert processes._server is None\n"
             "s = get_scenario('00', 'collective_on_one_rank')\n"
             "r = s.assert_declared('broken', s.run('broken'))\n"

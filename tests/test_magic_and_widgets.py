@@ -1,9 +1,12 @@
 """The %%ddp cell magic and the try-it-yourself panel, driven as a notebook would drive them."""
+import os
 import threading
 
 import pytest
 
+from ddp_lab.course import magic
 from ddp_lab.course.magic import cell_namespace, ddp_cell, parse_line
+from ddp_lab.launching import launcher, processes
 from ddp_lab.course.registry import get_scenario
 
 
@@ -33,7 +36,7 @@ def test_a_cell_that_raises_reports_the_rank():
     # The traceback starts at the cell, with its line shown, not in the launcher's exec(...)
     lines = result.root_cause.error.traceback.splitlines()
     assert lines[1:3] == ['  File "<%%ddp cell>", line 2, in <module>', "    torch.zeros(2)[5]"]
-    assert "magic.py" not in result.root_cause.error.traceback
+    assert os.path.basename(magic.__file__) not in result.root_cause.error.traceback
     # ... and the table shows it once: the stderr fold does not repeat the traceback fold
     html = result._repr_html_()
     assert html.count("index 5 is out of bounds") == 2 * 2  # per rank: headline, traceback fold
@@ -115,7 +118,8 @@ def test_the_stop_button_during_a_launch_shows_the_ranks_output_stacks_and_one_l
     assert "rank 0 was stopped in:\n  all_reduce  (torch/distributed/distributed_c10d.py)" in out
     assert "rank 0: timeout  interrupted in all_reduce()" in out
     assert out.rstrip().splitlines()[-1] == f"LaunchInterrupted: {INTERRUPTED_LINE}"  # one line
-    assert not any(name in out for name in ("launcher.py", "processes.py", "magic.py", "Traceback"))
+    files = [os.path.basename(m.__file__) for m in (launcher, processes, magic)]
+    assert not any(name in out for name in files + ["Traceback"])
     pids = [int(p.read_text()) for p in pid_files]
     assert not [pid for pid in pids if alive(pid)], "a rank outlived the interrupt"
 

@@ -16,6 +16,7 @@ import ast
 import shlex
 import types
 
+from ..launching.frames import runner
 from ..launching.launcher import launch
 from ..launching.sanitize import sanitize
 
@@ -76,6 +77,7 @@ def _check_picklable(name: str, obj) -> None:
 CELL_NAME = "<%%ddp cell>"
 
 
+@runner  # its frame is the launcher's: a traceback starts at the cell's own lines
 def run_cell(source: str, values: dict, modules: dict):
     """Runs on each rank: execute the cell; the value of a final expression is the rank's value."""
     import importlib

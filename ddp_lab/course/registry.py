@@ -255,6 +255,13 @@ def lessons() -> dict[str, Lesson]:
     return found
 
 
+def lessons_folder() -> str:
+    """The folder the lessons are discovered in."""
+    from .. import lessons as pkg
+
+    return pkg.__path__[0]
+
+
 def get_lesson(lesson_id: str) -> Lesson:
     all_lessons = lessons()
     key = lesson_id.zfill(2) if lesson_id.isdigit() else lesson_id

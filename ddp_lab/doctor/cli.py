@@ -76,6 +76,6 @@ def run(args) -> int:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m ddp_lab.doctor", description=HELP, epilog=EPILOG,
+    p = argparse.ArgumentParser(prog=f"python -m {__package__}", description=HELP, epilog=EPILOG,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     return run(configure(p).parse_args(argv))

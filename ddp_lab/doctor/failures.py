@@ -3,14 +3,14 @@ hang (each rank's stack), a crash. The evidence is the ranks' own: PyTorch's mes
 phase each rank had reached, where in the user's code each one stopped."""
 from __future__ import annotations
 
-import re
 import sysconfig
 
-from ..launching.results import main_thread_frames, sanitize
+from ..launching.frames import main_thread_frames
+from ..launching.sanitize import sanitize
 from .classify import classify
-from .frames import tidy
+from .frames import DOCTOR, ours, short_file, tidy
 from .report import Finding
-from .trace import _SKIP, short_file
+from .trace import skipped
 
 PHASES = {
     "build": "while building the module", "dry-run": "in the first forward/backward (no DDP yet)",
@@ -51,10 +51,10 @@ class DoctorBug(RuntimeError):
 
 
 def _check_internal(rank) -> None:
-    frames = re.findall(r'File "([^"]+)", line \d+, in (\S+)', rank.error.traceback)
+    frames = [(f, fn) for f, _, fn in ours.FRAME.findall(rank.error.traceback)]
     while frames and frames[-1][1] == "__torch_function__":  # passes torch's own errors on
         frames.pop()
-    if (frames and "ddp_lab/doctor/" in frames[-1][0].replace("\\", "/")
+    if (frames and ours.in_places(frames[-1][0], (DOCTOR,))
             and rank.error.type != "DoctorInputError"):
         raise DoctorBug(f"ddp-lab doctor failed on rank {rank.rank} (a bug in the doctor, not in "
                         f"your module):\n{sanitize(rank.error.traceback)}")
@@ -96,10 +96,7 @@ def user_frame_in(stack: str, where: dict | None = None) -> str:
     (`<dynamic-code>`) is named by its file when `where` (frames.code_map) knows it."""
     for filename, func in main_thread_frames(stack):
         name = filename.replace("\\", "/")
-        if (any(s in name for s in _SKIP) or name == "<string>"
-                or name.endswith(("ddp_lab/launching/child.py", "ddp_lab/launching/forkserver.py",
-                                  "ddp_lab/launching/processes.py"))
-                or name.startswith(_STDLIB)):
+        if skipped(name) or ours.launchers(name, func) or name.startswith(_STDLIB):
             continue
         if name.startswith("<dynamic-code"):
             known = (where or {}).get(func)

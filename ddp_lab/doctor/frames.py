@@ -6,13 +6,38 @@ from __future__ import annotations
 
 import inspect
 import linecache
+import os
 import re
 
-OWN = ("ddp_lab/doctor/", "ddp_lab/instruments/probes.py", "ddp_lab/launching/forkserver.py",
-       "ddp_lab/launching/child.py", "ddp_lab/launching/processes.py",
-       "ddp_lab/launching/launcher.py", "ddp_lab/instruments/modwalk.py", '"<string>"')
-_FRAME = re.compile(r'^(\s*)File "([^"]+)", line (\d+)(,?) in (\S+)')
+from ..course.registry import lessons_folder
+from ..instruments import modwalk, probes
+from ..launching import frames as ours, launcher
+
+# Where the doctor's own code lives (derived from the modules, see ddp_lab.launching.frames):
+DOCTOR = ours.place(os.path.dirname(os.path.abspath(__file__)))  # its probe, watchers, checks
+PROBES = ours.place(probes)  # the watchers it wraps around the user's forward
+OWN = (DOCTOR, PROBES, ours.place(modwalk), ours.place(launcher)) + ours.ENGINE
+LESSONS = ours.place(lessons_folder())  # the course's modules: user code, for the doctor
+_FRAME = ours.FRAME_LINE
+_CELL = re.compile(r".*/ipykernel_\d+/\d+\.py$|<ipython-input-[^>]*>")
 FOLDED = "... (the doctor's own frames)"
+
+
+def own(filename: str, function: str = "") -> bool:
+    """A frame of the doctor's own code or of the launcher's (how its ranks run)."""
+    return ours.in_places(filename, OWN) or ours.launchers(filename, function)
+
+
+def ours_not_lessons(filename: str) -> bool:
+    """A file of ddp_lab that is not a lesson's (the doctor takes the lessons' modules for
+    user code: its tests run them)."""
+    return ours.in_places(filename, (ours.HOME,)) and not ours.in_places(filename, (LESSONS,))
+
+
+def short_file(path: str) -> str:
+    """A file name that does not vary between machines or runs."""
+    path = path.replace("\\", "/")
+    return "<notebook cell>" if _CELL.match(path) else os.path.basename(path)
 
 
 def code_map(model) -> dict[str, tuple[str, int, int]]:
@@ -36,8 +61,6 @@ def code_map(model) -> dict[str, tuple[str, int, int]]:
 
 def _named(match, where: dict) -> tuple[str, str]:
     """The frame's line with its file restored, and the source line (or "")."""
-    from .trace import short_file
-
     indent, filename, line, comma, func = match.groups()
     if filename.startswith("<dynamic-code") and func in where:
         path, first, last = where[func]
@@ -64,7 +87,7 @@ def tidy(trace: str, where: dict | None = None) -> str:
         while i < len(lines) and not _FRAME.match(lines[i]) and lines[i].startswith(m.group(1) + "  "):
             body.append(lines[i])
             i += 1
-        if any(s in m.group(2) or s.strip('"') == m.group(2) for s in OWN):
+        if own(m.group(2), m.group(5)):
             if not folding:
                 out.append(m.group(1) + FOLDED)
             folding = True

@@ -84,10 +84,10 @@ def first_instance(source: ModelSource):
 def _last_frames(exc: BaseException, n: int = 3) -> str:
     """The innermost `n` frames of the exception: the user's, and the one that raised (the
     doctor's own and torch's inner frames left out), file names short."""
-    from .trace import short_file
+    from .frames import DOCTOR, ours, short_file
 
     tb = traceback.extract_tb(exc.__traceback__)
-    frames = [f for f in tb if "/ddp_lab/doctor/" not in f.filename.replace("\\", "/")
+    frames = [f for f in tb if not ours.in_places(f.filename, (DOCTOR,))
               and ("/torch/" not in f.filename.replace("\\", "/") or f is tb[-1])][-n:]
     return "\n".join(f'  File "{short_file(f.filename)}", line {f.lineno}, in {f.name}'
                      + (f"\n    {f.line.strip()}" if f.line else "") for f in frames)

@@ -5,26 +5,23 @@ Functions in the graph, and the warnings PyTorch gave. Everything is reported as
 from __future__ import annotations
 
 import linecache
-import os
-import re
 import sys
 import warnings
 from contextlib import ExitStack, contextmanager
 
 from ..instruments.probes import Timeline, record_collectives
+from .frames import DOCTOR, PROBES, ours, ours_not_lessons, short_file
 from .regions import watch_checkpoints
 
 FACTORIES = {"zeros", "ones", "empty", "full", "rand", "randn", "randint", "arange", "linspace",
              "logspace", "eye", "tensor", "as_tensor", "zeros_like", "ones_like"}
-_SKIP = ("/torch/", "/ddp_lab/doctor/", "/ddp_lab/instruments/probes.py", "/contextlib.py", "/warnings.py",
-         "/functools.py", "<frozen")
-_CELL = re.compile(r".*/ipykernel_\d+/\d+\.py$|<ipython-input-[^>]*>")
+_NOT_THE_USERS = ("/torch/", "/contextlib.py", "/warnings.py", "/functools.py", "<frozen")
 
 
-def short_file(path: str) -> str:
-    """A file name that does not vary between machines or runs."""
-    path = path.replace("\\", "/")
-    return "<notebook cell>" if _CELL.match(path) else os.path.basename(path)
+def skipped(name: str, skip: tuple[str, ...] = ()) -> bool:
+    """A frame that is neither the user's nor the doctor's decision: torch's, Python's, the
+    doctor's watchers' (and `skip`: parts of file names)."""
+    return any(s in name for s in _NOT_THE_USERS + skip) or ours.in_places(name, (DOCTOR, PROBES))
 
 
 def describe_frame(filename: str, lineno: int, qualname: str) -> str:
@@ -44,8 +41,8 @@ def user_frame(frame=None, skip: tuple[str, ...] = ()) -> str:
     frame = frame or sys._getframe(1)
     while frame is not None:
         name = frame.f_code.co_filename.replace("\\", "/")
-        if not any(s in name for s in _SKIP + skip):
-            if ("/ddp_lab/" in name and "/ddp_lab/lessons/" not in name) or name == "<string>":
+        if not skipped(name, skip):
+            if ours_not_lessons(name) or name == "<string>":
                 return ""
             code = frame.f_code
             return describe_frame(name, frame.f_lineno, getattr(code, "co_qualname", code.co_name))

@@ -6,7 +6,7 @@ files at the file-descriptor level, arms faulthandler so the launcher can ask fo
 thread's stack, initialises the process group if asked, runs the function, and writes a result
 file. Nothing here starts a process; the launcher owns processes.
 
-Run as `python -m ddp_lab.launching.child SPEC` for a plain-spawn launch; the forkserver calls
+Run as `python -m <this module> SPEC` for a plain-spawn launch (see frames.CHILD); the forkserver calls
 `child_main(spec_path)` in a freshly forked child.
 """
 from __future__ import annotations
@@ -21,6 +21,7 @@ import traceback
 from datetime import timedelta
 
 from . import flight
+from .frames import launchers
 
 STACK_SIGNAL = signal.SIGUSR1
 _KEEP_ALIVE: list = []
@@ -82,17 +83,9 @@ def _teardown() -> None:
         pass
 
 
-def _launchers_own(code) -> bool:
-    """This file's frames, and %%ddp's `run_cell` that executes a cell (then the cell's own
-    frames follow)."""
-    path = code.co_filename.replace("\\", "/")
-    return code.co_filename == __file__ or (path.endswith("ddp_lab/course/magic.py")
-                                            and code.co_name == "run_cell")
-
-
 def _error_record(exc: BaseException) -> dict:
     tb = exc.__traceback__
-    while tb is not None and _launchers_own(tb.tb_frame.f_code):
+    while tb is not None and launchers(tb.tb_frame.f_code.co_filename, tb.tb_frame.f_code.co_name):
         tb = tb.tb_next  # the traceback starts at the user's code, not in the launcher's
     return {
         "kind": "error",

@@ -53,7 +53,7 @@ def _fork_rank(sock: socket.socket, wakeup_r: int, spec_path: str) -> int:
                 signal.signal(sig, signal.SIG_DFL)
             sock.close()
             os.close(wakeup_r)
-            from ddp_lab.launching.child import child_main
+            from .child import child_main
 
             child_main(spec_path)
         finally:

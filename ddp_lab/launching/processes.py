@@ -12,14 +12,14 @@ import subprocess
 import sys
 import threading
 
-from . import forkserver
+from . import forkserver, frames
 
 # Module names only. Imported before the server takes its first request, then (while it is
 # idle) what DDP imports on first use: torch._dynamo alone costs a rank ~1.5 s otherwise. A rank
 # that was not forked from a warm server imports PRELOAD_IDLE itself before its clock starts.
 # Callers add their own modules with `prewarm(modules=...)`; `launch` adds the launched
 # function's module, so the next launch of it starts warm.
-PRELOAD = ("torch", "torch.distributed", "cloudpickle", "ddp_lab.launching.child")
+PRELOAD = ("torch", "torch.distributed", "cloudpickle", frames.CHILD)
 PRELOAD_IDLE = ("torch.nn.parallel", "torch.optim", "torch._dynamo", "torch.utils.checkpoint",
                 "torch.distributed.algorithms.join")
 
@@ -45,7 +45,7 @@ class _ForkServer:
         env = dict(os.environ, **extra_env)
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", "from ddp_lab.launching.forkserver import main; main()",
+            [sys.executable, "-c", frames.FORKSERVER,
              str(child.fileno()), ",".join(PRELOAD), ",".join(PRELOAD_IDLE)],
             pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL, env=env,
             start_new_session=True,  # Ctrl-C in a terminal reaches the caller, not the server
@@ -151,7 +151,7 @@ class ForkedRank:
 class SpawnedRank:
     def __init__(self, spec_path: str, env: dict[str, str]):
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "ddp_lab.launching.child", spec_path], env=env,
+            [sys.executable, "-m", frames.CHILD, spec_path], env=env,
             stdin=subprocess.DEVNULL, start_new_session=True,
         )
         self.pid = self.proc.pid

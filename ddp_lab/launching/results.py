@@ -12,6 +12,7 @@ import signal
 from dataclasses import dataclass, field
 from typing import Any
 
+from .frames import FRAME, launchers, main_thread_frames
 from .sanitize import sanitize  # noqa: F401  (re-exported: ddp_lab.results.sanitize)
 from .display import run_result_html
 
@@ -150,26 +151,9 @@ class RankResult:
 
     def stack_summary(self) -> str:
         """The stack dump, sanitized, without the launcher's own frames below the function."""
-        keep = []
-        for line in self.stack.splitlines():
-            if any(k in line for k in LAUNCHERS_FRAMES):
-                continue
-            keep.append(line)
+        keep = [line for line in self.stack.splitlines()
+                if not ((m := FRAME.search(line)) and launchers(m[1], m[3]))]
         return sanitize("\n".join(keep).strip())
-
-
-# Frames of the launcher's own in a stack dump: the rank's entry points and %%ddp's run_cell.
-LAUNCHERS_FRAMES = ("ddp_lab/launching/child.py", "ddp_lab/launching/forkserver.py", "<frozen runpy>",
-                    'File "<string>"', "ddp_lab/course/magic.py")
-_FRAME = re.compile(r'File "([^"]+)", line \d+ in (\S+)')
-
-
-def main_thread_frames(stack: str) -> list[tuple[str, str]]:
-    """(filename, function) of the main thread's frames, innermost first, from a faulthandler dump."""
-    blocks = re.split(r"\n(?=(?:Current thread|Thread) 0x)", stack)
-    main = [b for b in blocks if "<module>" in b or "child_main" in b]
-    block = main[0] if main else (blocks[0] if blocks else "")
-    return _FRAME.findall(block)
 
 
 def _shape(headline: str) -> str:
@@ -182,9 +166,7 @@ def frames_text(stack: str, limit: int = 8) -> str:
     `.stack`, or a crashed rank's stderr), most recent call first, one `function  (file)` a
     line, the launcher's own frames left out: no line numbers, so it reads the same every run."""
     frames = [(f, fn) for f, fn in main_thread_frames(stack)
-              if not f.startswith("<frozen") and f != "<string>"
-              and not f.endswith(("ddp_lab/launching/child.py", "ddp_lab/launching/forkserver.py",
-                                  "ddp_lab/launching/processes.py", "ddp_lab/course/magic.py"))]
+              if not f.startswith("<frozen") and not launchers(f, fn)]
     return "\n".join(f"  {fn}  ({sanitize(f)})" for f, fn in frames[:limit])
 
 

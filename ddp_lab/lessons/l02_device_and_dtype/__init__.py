@@ -5,6 +5,8 @@ The modules are in `modules.py`, the per-rank code in `runs.py`, the pictures in
 """
 from __future__ import annotations
 
+import os
+
 import torch
 
 from ...course.registry import Expect, Lesson, ModuleCase, Scenario, Variant
@@ -26,7 +28,7 @@ MISMATCH = r"same (dtype|device)|must have the same dtype"
 SYNCED = Expect("ok", metric="drift", below=1e-6)
 
 
-def failing_line(result: RunResult, in_file: str = "modules.py") -> str:
+def failing_line(result: RunResult, in_file: str = os.path.basename(m.__file__)) -> str:
     """The innermost frame of the root cause's traceback in `in_file`, with its source line."""
     lines = sanitize(result.root_cause.error.traceback).splitlines()
     at = [i for i, line in enumerate(lines) if line.lstrip().startswith("File") and in_file in line]

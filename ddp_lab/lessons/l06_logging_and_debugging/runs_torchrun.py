@@ -17,7 +17,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from ...launching.child import _die_with_parent
 from .runs import VOCAB, train_tokens
 
-WORKER = "ddp_lab.lessons.l06_logging_and_debugging.runs_torchrun"  # this module
+WORKER = __spec__.name  # this module (its __name__ is "__main__" where it runs as a worker)
 
 
 def torchrun_job(vocab_size: int = len(VOCAB), nproc: int = 2) -> dict:
