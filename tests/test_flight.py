@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 from ddp_lab import launch
-from ddp_lab.launching import parting
+from ddp_lab.launching import divergence
 from ddp_lab.launching.flight import Collective
 
 pytestmark = pytest.mark.usefixtures("no_leftovers")
@@ -57,13 +57,13 @@ def test_third_all_reduce_on_rank0_only_is_named_in_the_report():
             "and is in evaluate()")
     assert repr(result).splitlines()[-1] == "  " + line
     assert line in result.describe_failure() and line in result._repr_html_()
-    assert "3    all_reduce [4] float32   -  <- the ranks part here" in parting.table(result.ranks)
+    assert "3    all_reduce [4] float32   -  <- the ranks part here" in divergence.table(result.ranks)
 
 
 def test_op_mismatch_is_named_by_torchs_analyser():
     result = launch(op_mismatch, timeout=3)
     assert result.status == "timeout"
-    p = parting.find(result.ranks)
+    p = divergence.find(result.ranks)
     assert (p.seq, p.kind, p.analyser) == (2, "op", "COLLECTIVE_TYPE_MISMATCH")
     assert [p.entries[r].op for r in (0, 1)] == ["all_reduce", "broadcast"]
     assert "rank 1 entered broadcast #2 ([4] float32)" in repr(result)
@@ -72,7 +72,7 @@ def test_op_mismatch_is_named_by_torchs_analyser():
 def test_size_mismatch_is_found_in_a_run_that_returned():
     result = launch(size_mismatch, timeout=20)
     assert result.ok  # gloo: no error, no hang
-    p = parting.find(result.ranks)
+    p = divergence.find(result.ranks)
     assert (p.seq, p.kind, p.analyser) == (2, "size", "SIZE_OR_SYNTAX_MISMATCH")
     assert [p.entries[r].shape for r in (0, 1)] == ["[4] float32", "[8] float32"]
     assert "flight recorder" not in repr(result)  # the text of a run that did not time out is unchanged

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from ddp_lab import launch
-from ddp_lab.launching import parting
+from ddp_lab.launching import divergence
 from ddp_lab.lessons import l13_hangs as l13
 from ddp_lab.course.registry import get_lesson
 
@@ -16,7 +16,7 @@ pytestmark = pytest.mark.usefixtures("no_leftovers")
 
 def test_rank0_evaluation_parts_at_the_buffer_broadcast(runs):
     result = runs("rank0_evaluation", "broken")
-    p = parting.find(result.ranks)
+    p = divergence.find(result.ranks)
     assert (p.entries[0].op, p.entries[1].op, p.analyser) == ("broadcast", "barrier",
                                                              "COLLECTIVE_TYPE_MISMATCH")
     assert "_sync_buffers" in result.ranks[0].stack_text(8)
@@ -46,7 +46,7 @@ def test_early_stopping_decided_per_rank_differs_and_agreed_does_not(runs):
 def test_mismatched_broadcast_keeps_stale_values_on_rank1(runs):
     result = runs("mismatched_broadcast", "broken")
     assert result.values[1]["vocab"] == [0.0, 1.0, 2.0, 3.0, -1.0, -1.0, -1.0, -1.0]
-    assert "[8] float32" in parting.describe(result.ranks)
+    assert "[8] float32" in divergence.describe(result.ranks)
 
 
 @pytest.mark.parametrize("name, says", [("uneven_steps", "Op type: BARRIERvs"),

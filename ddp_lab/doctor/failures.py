@@ -134,8 +134,8 @@ def _hang(result, recs, where: dict | None = None) -> Finding:
             ev.append(f"rank {r.rank}: {r.status} ({phase_of(recs[r.rank])})")
     traces = "\n\n".join(f"--- stack of rank {r.rank} ---\n{_main_thread(r.stack_summary())}"
                          for r in result.ranks if r.stack)
-    if parted := result.parting():  # the flight recorder's table, as in the launcher's report
-        from ..launching.parting import table
+    if parted := result.divergence():  # the flight recorder's table, as in the launcher's report
+        from ..launching.divergence import table
 
         ev.append(parted)
         traces = f"--- flight recorder ---\n{table(result.ranks)}\n\n{traces}"

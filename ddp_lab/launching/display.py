@@ -69,11 +69,11 @@ def run_result_html(result) -> str:
     title = html.escape(f"{result.label + ': ' if result.label else ''}{result.status}, "
                         f"world_size={result.world_size}, backend={result.backend}")
     colour = _COLOURS.get(result.status, "black")
-    parting = result.parting() if result.status == "timeout" else ""
-    if parting:
-        from .parting import table
+    divergence = result.divergence() if result.status == "timeout" else ""
+    if divergence:
+        from .divergence import table
 
-        rows.append(f'<tr><td colspan="5" style="text-align:left">{html.escape(parting)}'
+        rows.append(f'<tr><td colspan="5" style="text-align:left">{html.escape(divergence)}'
                     f'{_details("flight recorder", table(result.ranks))}</td></tr>')
     head = "".join(f'<th style="text-align:left">{h}</th>' for h in ("rank", "status", "what happened", "time", "details"))
     return (f'<div><b style="color:{colour}">RunResult</b> {title}'

@@ -8,7 +8,7 @@ stops a hung rank, from a daemon thread that waits on a FIFO: the main thread is
 inside a C++ collective (the wait releases the GIL), where no Python signal handler would run.
 
 The launcher parses the record into plain `Collective`s (they pickle without torch.distributed),
-and `parting` finds the first collective where the ranks differ: one rank entered it and another
+and `divergence` finds the first collective where the ranks differ: one rank entered it and another
 did not, or they entered different ops, sizes or dtypes (judged by torch's own trace analyser,
 `torch.distributed.flight_recorder`'s `Op.match`).
 """

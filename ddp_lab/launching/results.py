@@ -265,7 +265,7 @@ class RunResult:
         else:
             lines = [f"rank {root.rank} failed first: {root.headline}"]
             lines += [f"then rank {r.rank}: {r.headline}" for r in self.failures[1:]]
-        lines += [p] if (p := self.parting()) else []
+        lines += [p] if (p := self.divergence()) else []
         if root.error and root.error.traceback:
             lines += ["", f"traceback of rank {root.rank}:", sanitize(root.error.traceback)]
         elif root.stack:
@@ -306,22 +306,22 @@ class RunResult:
         for r in self.ranks:
             what, mark = self.what_happened(r)
             rows.append(f"  rank {r.rank}: {r.status:<8} {what}{'  <- ' + mark if mark else ''}".rstrip())
-        if self.status == "timeout" and (p := self.parting()):
+        if self.status == "timeout" and (p := self.divergence()):
             rows.append(f"  {p}")
         return "\n".join(rows)
 
-    def parting(self) -> str:
+    def divergence(self) -> str:
         """Where the flight recorder saw the ranks part ('' when they did not, or no record)."""
-        from .parting import describe
+        from .divergence import describe
 
         return describe(self.ranks)
 
     def returned_while(self) -> str:
         """'rank 1 returned while rank 0 was in all_reduce()' when no rank failed on its own and
         a rank that returned left the others in a collective; '' otherwise."""
-        from .departed import describe
+        from .divergence import describe_returned
 
-        return "" if self.ok else describe(self.ranks)
+        return "" if self.ok else describe_returned(self.ranks)
 
     def what_happened(self, r: RankResult) -> tuple[str, str]:
         """(rank `r`'s line in the per-rank table, "root cause" or '')."""
@@ -334,7 +334,7 @@ class RunResult:
         return r.headline, "root cause" if distinct else ""
 
     def _returned(self):
-        from .departed import returned_while
+        from .divergence import returned_while
 
         return ([], {}) if self.ok else returned_while(self.ranks)
 

@@ -12,7 +12,7 @@ and `TORCH_NCCL_DUMP_ON_TIMEOUT=1`, NCCL's watchdog dumps this same record itsel
 """
 from __future__ import annotations
 
-from ...launching.parting import find
+from ...launching.divergence import find
 from ...course.registry import Expect, Lesson, Scenario, Variant
 from .figures import figures
 from .modules import Classifier

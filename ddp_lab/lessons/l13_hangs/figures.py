@@ -2,7 +2,7 @@
 sequence numbers, the collective where the ranks part marked, broken beside fixed."""
 from __future__ import annotations
 
-from ...launching.parting import find
+from ...launching.divergence import find
 from ...course.plots import BROKEN, FIXED, figure
 
 PANELS = (("rank0_evaluation", "1. rank-0 evaluation through DDP"),
