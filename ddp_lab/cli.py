@@ -31,7 +31,7 @@ def cmd_run(args) -> int:
                 print(f"[rank {info.rank}] {scenario.key} {which}: {r.status} {r.headline}{local}")
                 failed += r.status != scenario.variant(which).expect.status
                 continue
-            problems = scenario.check(which, result)
+            problems = scenario.differences(which, result)
             print(repr(result))
             print(f"  declared: {scenario.variant(which).expect.describe()}  ->  "
                   + ("as declared" if not problems else "NOT as declared"))
@@ -57,9 +57,9 @@ def cmd_build_ops(args) -> int:
 
 
 def cmd_check(args) -> int:
-    from .kit.preflight import run_checks
+    from .kit.preflight import preflight
 
-    return run_checks()
+    return preflight()
 
 
 def cmd_workshop(args) -> int:

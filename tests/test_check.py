@@ -15,8 +15,8 @@ def test_check_passes_here_with_one_line_per_check(capsys):
 
 def test_a_failing_check_fails_the_whole_check_and_says_the_fix():
     printed = []
-    rc = preflight.run_checks([preflight.check_python, lambda: preflight.Check("thing", False, "missing", "install it")],
-                          out=printed.append)
+    rc = preflight.preflight([preflight.python_version, lambda: preflight.Item("thing", False, "missing", "install it")],
+                              out=printed.append)
     assert rc == 1
     assert printed[1] == "FAIL  thing        missing\n      fix: install it"
     assert printed[-1] == "1 check(s) failed"
@@ -25,7 +25,7 @@ def test_a_failing_check_fails_the_whole_check_and_says_the_fix():
 def test_a_kernel_that_cannot_import_the_course_is_named(monkeypatch):
     monkeypatch.setattr(preflight, "kernel_python", lambda: ("Python 3 (ipykernel)", sys.executable))
     monkeypatch.setattr(preflight, "KERNEL_IMPORTS", ("json", "no_such_module_ddp_lab_test"))
-    result = preflight.check_kernel()
+    result = preflight.notebook_kernel()
     assert not result.ok
     assert result.detail.endswith("lacks: no_such_module_ddp_lab_test") and "pip install" in result.fix
 

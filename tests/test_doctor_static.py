@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from ddp_lab.doctor import DoctorInputError, Finding, Report, doctor, static
-from ddp_lab.doctor.inputs import check_fit, default_loss, perturb, resolve_model
+from ddp_lab.doctor.inputs import validate_fit, default_loss, perturb, resolve_model
 from ddp_lab.instruments.modwalk import hidden, hidden_tensors
 
 
@@ -54,7 +54,7 @@ def test_walk_finds_everything_unregistered_and_nothing_registered():
 
 
 def test_static_checks_name_each_problem_with_its_lesson():
-    found = by_code(static.check(Messy()))
+    found = by_code(static.static_findings(Messy()))
     assert set(found) == {"unregistered-trainable-tensor", "module-in-plain-container",
                           "plain-tensor-attribute", "hard-coded-device"}
     assert found["unregistered-trainable-tensor"].severity == "error"
@@ -76,12 +76,12 @@ def test_static_checks_name_each_problem_with_its_lesson():
     Clean,
 ], ids=["mlp", "cnn-bn", "transformer", "lstm", "clean"])
 def test_no_static_findings_on_ordinary_modules(make):
-    assert static.check(make()) == []
+    assert static.static_findings(make()) == []
 
 
 def test_mixed_dtypes_are_a_warning():
     model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4).double())
-    (f,) = static.check(model)
+    (f,) = static.static_findings(model)
     assert (f.code, f.severity, f.lesson) == ("mixed-dtypes", "warning", "02")
     assert "float64: 1.weight, 1.bias" in f.evidence
 
@@ -127,7 +127,7 @@ def test_resolve_model_kinds_and_names():
 ])
 def test_input_that_does_not_fit_is_bad_input(make, example, match):
     with pytest.raises(DoctorInputError, match=match):
-        check_fit(make(), example, "M", None, None)
+        validate_fit(make(), example, "M", None, None)
 
 
 def test_bad_input_is_refused_before_any_rank_starts():

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 import ddp_lab
-from ddp_lab.course.exercise import check
+from ddp_lab.course.exercise import try_fix
 from ddp_lab.lessons import l01_parameter_registration as l01
 from ddp_lab.lessons.l01_parameter_registration import inventory, modules as m
 from ddp_lab.course.registry import get_lesson
@@ -177,7 +177,7 @@ class HeadsInAModuleDict(HeadsInADict):
 @CPU_ONLY
 def test_exercise_checker_tells_a_fix_from_the_bug():
     scenario = LESSON.scenario("plain_list")
-    wrong = check(scenario, model_cls=HeadsInADict)
+    wrong = try_fix(scenario, model_cls=HeadsInADict)
     assert not wrong.passed and "drift" in wrong.problems[0]
-    right = check(scenario, model_cls=HeadsInAModuleDict)
+    right = try_fix(scenario, model_cls=HeadsInAModuleDict)
     assert right.passed, right.problems

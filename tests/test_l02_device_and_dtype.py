@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 import ddp_lab
-from ddp_lab.course.exercise import check
+from ddp_lab.course.exercise import try_fix
 from ddp_lab.lessons import l02_device_and_dtype as l02
 from ddp_lab.lessons.l01_parameter_registration import inventory
 from ddp_lab.lessons.l02_device_and_dtype import modules as m
@@ -162,6 +162,6 @@ class SmootherFixed(Smoother):
 def test_exercise_checker_tells_a_fix_from_the_bug():
     for name in ("constant_cast", "constant_across_ranks"):
         scenario = LESSON.scenario(name)
-        assert not check(scenario, model_cls=Smoother).passed
-        verdict = check(scenario, model_cls=SmootherFixed)
+        assert not try_fix(scenario, model_cls=Smoother).passed
+        verdict = try_fix(scenario, model_cls=SmootherFixed)
         assert verdict.passed, verdict.problems

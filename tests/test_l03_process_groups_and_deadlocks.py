@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from ddp_lab import launch, rank_info
-from ddp_lab.course.exercise import check
+from ddp_lab.course.exercise import try_fix
 from ddp_lab.lessons import l03_process_groups_and_deadlocks as l03
 from ddp_lab.course.registry import get_lesson
 
@@ -91,9 +91,9 @@ def _report_like_the_fix(loss, step):
 
 def test_checker_rejects_printing_on_every_rank_and_accepts_the_fix():
     scenario = LESSON.scenario("collective_on_rank0")
-    verdict = check(scenario, report=_report_everywhere_print_everywhere)
+    verdict = try_fix(scenario, report=_report_everywhere_print_everywhere)
     assert not verdict.passed and verdict.problems == ["rank 1 printed 3 lines, expected none"]
-    assert check(scenario, report=_report_like_the_fix).passed
+    assert try_fix(scenario, report=_report_like_the_fix).passed
 
 
 def test_per_rank_takes_the_last_entry_past_the_end():

@@ -11,7 +11,7 @@ import pytest
 
 import torch
 
-from ddp_lab.course.exercise import check
+from ddp_lab.course.exercise import try_fix
 from ddp_lab.lessons import l04_mixed_precision as l04
 from ddp_lab.lessons.l04_mixed_precision import modules as m
 from ddp_lab.course.registry import get_lesson
@@ -142,6 +142,6 @@ def test_figure_has_labelled_axes_and_every_precision(runs):
 
 def test_exercise_checker_tells_a_fix_from_the_bug():
     scenario = LESSON.scenario("custom_function")
-    assert check(scenario, model_cls=m.CustomOpNetFixed).passed
-    verdict = check(scenario, model_cls=m.CustomOpNet)
+    assert try_fix(scenario, model_cls=m.CustomOpNetFixed).passed
+    verdict = try_fix(scenario, model_cls=m.CustomOpNet)
     assert not verdict.passed and "RuntimeError" in "".join(verdict.problems)

@@ -12,7 +12,7 @@ import pytest
 
 import torch
 
-from ddp_lab.course.exercise import check
+from ddp_lab.course.exercise import try_fix
 from ddp_lab.lessons import l05_gradients_and_checkpointing as l05
 from ddp_lab.lessons.l05_gradients_and_checkpointing import modules as m
 from ddp_lab.course.registry import get_lesson
@@ -119,5 +119,5 @@ def test_figure_has_labelled_axes(runs):
 
 def test_exercise_checker_tells_a_fix_from_the_bug():
     scenario = LESSON.scenario("inplace_saved")
-    assert check(scenario, model_cls=m.AttentionPoolFixed).passed
-    assert not check(scenario, model_cls=m.AttentionPool).passed
+    assert try_fix(scenario, model_cls=m.AttentionPoolFixed).passed
+    assert not try_fix(scenario, model_cls=m.AttentionPool).passed

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from ddp_lab import launch
-from ddp_lab.course.exercise import check
+from ddp_lab.course.exercise import try_fix
 from ddp_lab.lessons import l06_logging_and_debugging as l06
 from ddp_lab.course.registry import get_lesson
 
@@ -138,11 +138,11 @@ def _print_on_rank0(log, text):
 
 
 def test_checker_wants_every_rank_on_record():
-    verdict = check(LESSON.scenario("every_rank_prints"), report=_print_on_rank0)
+    verdict = try_fix(LESSON.scenario("every_rank_prints"), report=_print_on_rank0)
     assert not verdict.passed
     assert verdict.problems == ["rank 0's record holds 0 messages, expected 4",
                                 "rank 1's record holds 0 messages, expected 4"]
-    assert check(LESSON.scenario("every_rank_prints"), report=l06.rank_log).passed
+    assert try_fix(LESSON.scenario("every_rank_prints"), report=l06.rank_log).passed
 
 
 def test_straggler_makes_rank0_wait_every_step_and_the_figure_shows_it():

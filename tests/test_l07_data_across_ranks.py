@@ -10,7 +10,7 @@ import math
 import pytest
 
 import ddp_lab
-from ddp_lab.course.exercise import check
+from ddp_lab.course.exercise import try_fix
 from ddp_lab.lessons import l07_data_across_ranks as l07
 from ddp_lab.course.registry import get_lesson
 
@@ -86,9 +86,9 @@ def test_even_batches_are_the_other_fix():
 def test_checker_rejects_each_broken_pipeline_and_accepts_the_fix():
     for name in ("no_sampler", "no_set_epoch"):
         scenario = LESSON.scenario(name)
-        assert check(scenario, batches=l07.distributed_batches).passed
+        assert try_fix(scenario, batches=l07.distributed_batches).passed
         for broken in (l07.shuffled_batches, l07.sampler_batches_no_set_epoch):
-            verdict = check(scenario, batches=broken)
+            verdict = try_fix(scenario, batches=broken)
             assert not verdict.passed and verdict.problems, (name, broken.__name__)
 
 

@@ -15,7 +15,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import ddp_lab
-from ddp_lab.course.exercise import check
+from ddp_lab.course.exercise import try_fix
 from ddp_lab.lessons import l08_buffers_and_batchnorm as l08
 from ddp_lab.course.registry import get_lesson
 
@@ -132,11 +132,11 @@ def test_all_reduce_sum_sends_the_gradient_back_to_every_rank():
 
 def test_checker_rejects_the_local_buffer_and_accepts_the_synced_one():
     scenario = LESSON.scenario("local_buffer")
-    assert check(scenario, center_cls=l08.SyncedRunningCenter).passed
-    verdict = check(scenario, center_cls=l08.RunningCenter)
+    assert try_fix(scenario, center_cls=l08.SyncedRunningCenter).passed
+    verdict = try_fix(scenario, center_cls=l08.RunningCenter)
     assert not verdict.passed and "drift" in verdict.problems[0]
     norm = LESSON.scenario("batchnorm_small_batches")
-    assert not check(norm, norm_cls=nn.BatchNorm1d).passed
+    assert not try_fix(norm, norm_cls=nn.BatchNorm1d).passed
 
 
 @pytest.mark.slow

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from ddp_lab.course.exercise import check
+from ddp_lab.course.exercise import try_fix
 from ddp_lab.lessons import l14_randomness_and_evaluation as l14
 from ddp_lab.course.registry import get_lesson
 
@@ -103,8 +103,8 @@ def test_per_rank_normaliser_weighs_the_emptier_ranks_tokens_more(runs):
 
 def test_checker_fails_a_worker_init_that_does_nothing_and_passes_the_fix():
     scenario = LESSON.scenario("worker_seeds")
-    assert not check(scenario, worker_init_fn=lambda worker_id: None).passed
-    assert check(scenario, worker_init_fn=l14.reseed_worker).passed
+    assert not try_fix(scenario, worker_init_fn=lambda worker_id: None).passed
+    assert try_fix(scenario, worker_init_fn=l14.reseed_worker).passed
 
 
 def test_figures_have_one_panel_per_bug(runs):

@@ -34,18 +34,18 @@ def test_expect_can_fail_on_each_field():
     err = RankResult(1, "error", error=ErrorInfo("RuntimeError", "boom here"), failed_at=1.0)
     ok = RankResult(0, "ok", value={"drift": 0.5})
     run = _result(ok, err)
-    assert Expect("error", "RuntimeError", "boom", ranks=(1,)).check(run) == []
-    assert Expect("ok").check(run)  # wrong status
-    assert Expect("error", "ValueError").check(run)  # wrong type
-    assert Expect("error", match="bang").check(run)  # wrong message
-    assert Expect("error", ranks=(0,)).check(run)  # wrong rank
+    assert Expect("error", "RuntimeError", "boom", ranks=(1,)).differences(run) == []
+    assert Expect("ok").differences(run)  # wrong status
+    assert Expect("error", "ValueError").differences(run)  # wrong type
+    assert Expect("error", match="bang").differences(run)  # wrong message
+    assert Expect("error", ranks=(0,)).differences(run)  # wrong rank
     fine = _result(ok, RankResult(1, "ok", value={"drift": 0.5}))
-    assert Expect("ok", metric="drift", above=0.1).check(fine) == []
-    assert Expect("ok", metric="drift", below=0.1).check(fine)
-    assert Expect("ok", metric="missing", above=0).check(fine)
+    assert Expect("ok", metric="drift", above=0.1).differences(fine) == []
+    assert Expect("ok", metric="drift", below=0.1).differences(fine)
+    assert Expect("ok", metric="missing", above=0).differences(fine)
     hung = _result(RankResult(0, "timeout", stack='File "x.py", line 3 in all_reduce'))
-    assert Expect("timeout", match="all_reduce").check(hung) == []
-    assert Expect("timeout", match="barrier").check(hung)
+    assert Expect("timeout", match="all_reduce").differences(hung) == []
+    assert Expect("timeout", match="barrier").differences(hung)
 
 
 def test_unknown_lesson_and_scenario_are_named():

@@ -33,7 +33,7 @@ class Verdict:
         return f'<div style="border-left:4px solid {colour};padding:4px 8px">{body}</div>'
 
 
-def check(scenario: Scenario, *, fn=None, world_size: int | None = None,
+def try_fix(scenario: Scenario, *, fn=None, world_size: int | None = None,
           timeout: float | None = None, **kwargs) -> Verdict:
     """Run `scenario`'s fixed variant with `kwargs` replaced by the learner's (e.g. their module
     class), or the learner's own per-rank function `fn` (called with `kwargs` only), on real
@@ -47,5 +47,5 @@ def check(scenario: Scenario, *, fn=None, world_size: int | None = None,
     if timeout is None and scenario.broken.expect.status == "timeout":
         timeout = scenario.broken.timeout
     result = variant.run(world_size=world_size, timeout=timeout, label=f"{scenario.key} yours")
-    problems = variant.expect.check(result)
+    problems = variant.expect.differences(result)
     return Verdict(not problems, scenario.key, problems, result)

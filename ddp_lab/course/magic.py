@@ -59,12 +59,12 @@ def cell_namespace(source: str, user_ns: dict) -> tuple[dict, dict]:
         if isinstance(obj, types.ModuleType):
             modules[name] = obj.__name__
         else:
-            _check_picklable(name, obj)
+            _require_picklable(name, obj)
             values[name] = obj
     return values, modules
 
 
-def _check_picklable(name: str, obj) -> None:
+def _require_picklable(name: str, obj) -> None:
     import cloudpickle
 
     try:

@@ -28,7 +28,7 @@ class Expect:
     status "ok":      every rank ok.
     With `metric`, the value rank `metric_rank` returned (a dict) must have `metric` above
     `above` and/or below `below` (`metric_rank=None`: the largest over all ranks).
-    `extra` is an optional check of its own: RunResult -> list of problems.
+    `extra` is the lesson's own test of the run: RunResult -> list of problems (empty: met).
     """
 
     status: str
@@ -45,14 +45,10 @@ class Expect:
         if self.status not in STATUSES:
             raise ValueError(f"unknown status {self.status!r}: use one of {', '.join(STATUSES)}")
 
-    def differences(self, result: RunResult) -> list[str]:
-        """What differs between `result` and this declaration; empty when it is as declared."""
-        return self.check(result)
-
     def assert_met(self, result: RunResult) -> RunResult:
         """Raise AssertionError naming every difference unless `result` is as declared;
         return `result` so a cell can go on with it."""
-        problems = self.check(result)
+        problems = self.differences(result)
         if problems:
             raise AssertionError(f"not as declared ({self.describe()}): " + "; ".join(problems))
         return result
@@ -72,20 +68,20 @@ class Expect:
             parts.append(f"{self.metric} {' '.join(b for b in bound if b)}")
         return " ".join(parts)
 
-    def check(self, result: RunResult) -> list[str]:
+    def differences(self, result: RunResult) -> list[str]:
         """What differs between `result` and this declaration; empty when it is as declared."""
         if result.status != self.status:
             return [f"status {result.status!r}, expected {self.status!r}: {result.describe_failure()}"]
         problems: list[str] = []
         if self.status in ("error", "timeout", "crashed"):
-            problems += self._check_failure(result)
+            problems += self._failure_differences(result)
         if self.metric:
-            problems += self._check_metric(result)
+            problems += self._metric_differences(result)
         if self.extra:
             problems += list(self.extra(result))
         return problems
 
-    def _check_failure(self, result: RunResult) -> list[str]:
+    def _failure_differences(self, result: RunResult) -> list[str]:
         if self.ranks is not None:
             targets = [result.ranks[r] for r in self.ranks if r < result.world_size]
         elif self.status == "error":
@@ -106,7 +102,7 @@ class Expect:
                                 f"{ {'error': 'error message', 'timeout': 'stack', 'crashed': 'crash report'}[self.status]}")
         return problems
 
-    def _check_metric(self, result: RunResult) -> list[str]:
+    def _metric_differences(self, result: RunResult) -> list[str]:
         try:
             if self.metric_rank is None:
                 value = max(float(v[self.metric]) for v in result.values if v is not None)
@@ -196,7 +192,7 @@ class Scenario:
     def differences(self, which: str, result: RunResult) -> list[str]:
         """What differs between `result` and the outcome declared for `which`; empty when
         the run behaved as declared."""
-        return self.variant(which).expect.check(result)
+        return self.variant(which).expect.differences(result)
 
     def assert_declared(self, which: str, result: RunResult) -> RunResult:
         """Raise AssertionError (naming every difference) unless `result` has the outcome
@@ -206,9 +202,6 @@ class Scenario:
         if problems:
             raise AssertionError(f"{self.key} {which} is not as declared: " + "; ".join(problems))
         return result
-
-    # Deprecated spelling of `differences`, kept while notebooks move to `assert_declared`.
-    check = differences
 
 
 @dataclass

@@ -32,7 +32,7 @@ def _outcome(result: RunResult) -> str:
 
 def run_scenario(scenario: Scenario, world_size: int | None = None) -> Row:
     results = {v: scenario.run(v, world_size=world_size) for v in ("broken", "fixed")}
-    problems = [f"{v}: {p}" for v, r in results.items() for p in scenario.check(v, r)]
+    problems = [f"{v}: {p}" for v, r in results.items() for p in scenario.differences(v, r)]
     return Row(scenario, results["broken"], results["fixed"], problems)
 
 

@@ -17,7 +17,7 @@ from typing import Callable
 from .failures import DoctorBug
 from .inputs import DoctorInputError
 from .report import LESSONS, Finding, Report
-from .settings import check_ddp_kwargs, not_exercised, settings_note
+from .settings import not_exercised, settings_note, validated_ddp_kwargs
 
 __all__ = ["doctor", "Report", "Finding", "DoctorInputError", "DoctorBug", "LESSONS"]
 GRACE = 2.0  # seconds the other ranks get after one fails before their stacks are taken
@@ -47,17 +47,17 @@ def doctor(model, example_input, *, world_size: int = 2, steps: int = 3,
     from . import frames, inputs, shapes, static
 
     start = time.time()
-    _check_args(world_size, steps, timeout)
-    _check_strategy(strategy)
-    inputs.check_amp(amp)
-    inputs.check_loss(loss_fn)
-    settings = check_ddp_kwargs(ddp_kwargs)
+    _validate_args(world_size, steps, timeout)
+    _validate_strategy(strategy)
+    inputs.validate_amp(amp)
+    inputs.validate_loss(loss_fn)
+    settings = validated_ddp_kwargs(ddp_kwargs)
     source = inputs.resolve_model(model)
     instance = inputs.first_instance(source)
-    findings = static.check(instance)
-    _check_trainable(instance, source.name, findings)
+    findings = static.static_findings(instance)
+    _require_trainable(instance, source.name, findings)
     loss = inputs.Loss(loss_fn)
-    out = inputs.check_fit(instance, inputs.batch_for(example_input, 0), source.name, amp, loss_fn)
+    out = inputs.validate_fit(instance, inputs.batch_for(example_input, 0), source.name, amp, loss_fn)
     plan = shapes.plan(instance, example_input, amp) if world_size > 1 else None
     where = frames.code_map(instance)
     del instance
@@ -66,13 +66,13 @@ def doctor(model, example_input, *, world_size: int = 2, steps: int = 3,
     run, dynamic = _run_ranks(source, example_input, world_size, steps, loss, amp, timeout,
                               settings, plan, where)
     if strategy != "ddp":
-        from .sharded import check
-        dynamic += check(source, example_input, strategy, world_size, timeout, amp)[1]
+        from .sharded import sharded_findings
+        dynamic += sharded_findings(source, example_input, strategy, world_size, timeout, amp)[1]
     return Report(source.name, world_size, steps, amp, findings + dynamic, status=run.status,
                   seconds=time.time() - start, run=run, ddp_kwargs=settings, notes=notes)
 
 
-def _check_args(world_size, steps, timeout) -> None:
+def _validate_args(world_size, steps, timeout) -> None:
     if not isinstance(world_size, int) or world_size < 1:
         raise DoctorInputError(f"world_size must be an integer >= 1, got {world_size!r}")
     if not isinstance(steps, int) or steps < 1:
@@ -81,14 +81,14 @@ def _check_args(world_size, steps, timeout) -> None:
         raise DoctorInputError(f"timeout must be at least 3 seconds, got {timeout!r}")
 
 
-def _check_strategy(strategy) -> None:
+def _validate_strategy(strategy) -> None:
     from .sharded import STRATEGIES
 
     if strategy not in STRATEGIES:
         raise DoctorInputError(f"strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
 
 
-def _check_trainable(instance, name: str, findings: list[Finding]) -> None:
+def _require_trainable(instance, name: str, findings: list[Finding]) -> None:
     """No parameter at all is bad input, unless the static checks already explain why (the
     trainable tensors are there, just not registered)."""
     if any(p.requires_grad for p in instance.parameters()):

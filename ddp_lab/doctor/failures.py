@@ -50,7 +50,7 @@ class DoctorBug(RuntimeError):
     """The doctor's own code failed on a rank: not a finding about the user's module."""
 
 
-def _check_internal(rank) -> None:
+def _raise_if_doctor_bug(rank) -> None:
     frames = [(f, fn) for f, _, fn in ours.FRAME.findall(rank.error.traceback)]
     while frames and frames[-1][1] == "__torch_function__":  # passes torch's own errors on
         frames.pop()
@@ -62,7 +62,7 @@ def _check_internal(rank) -> None:
 
 def _exception(result, recs, amp) -> Finding:
     root = result.root_cause
-    _check_internal(root)
+    _raise_if_doctor_bug(root)
     message = sanitize(root.error.message)
     lesson, code, fix = classify(root.error.type + ": " + message, amp)
     ev = [f"rank {root.rank} raised {root.error.type} {phase_of(recs[root.rank])}: "

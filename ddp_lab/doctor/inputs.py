@@ -149,7 +149,7 @@ def autocast(amp: str | None, device_type: str):
     return torch.autocast(device_type=device_type, dtype=getattr(torch, AMP_DTYPES[amp]))
 
 
-def check_amp(amp):
+def validate_amp(amp):
     if amp not in (None, *AMP_DTYPES):
         raise DoctorInputError(f"amp must be one of {', '.join(AMP_DTYPES)} (or None), got {amp!r}")
 
@@ -220,7 +220,7 @@ def _positional_count(fn) -> int:
     return sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params)
 
 
-def check_loss(loss_fn) -> None:
+def validate_loss(loss_fn) -> None:
     if loss_fn is not None and not callable(loss_fn):
         raise DoctorInputError(f"loss_fn must be a callable (output) or (output, batch) -> loss, "
                                f"got {type(loss_fn).__name__}")
@@ -264,7 +264,7 @@ def forward_here(model, batch, amp: str | None):
         return call(model, batch)
 
 
-def check_fit(model, batch, name: str, amp: str | None, loss_fn: Callable | None):
+def validate_fit(model, batch, name: str, amp: str | None, loss_fn: Callable | None):
     """Run one forward pass here, without gradients; raise DoctorInputError when the input does
     not fit the module (the module's own bugs are left for the ranks to show). Returns the
     output (None when forward raised another error)."""

@@ -13,12 +13,12 @@ def mechanism_findings(recs: list[dict], steps: int) -> tuple[list[Finding], dic
     """(findings, {state kind: names they explain})."""
     out, explained = [], {"parameter": set(), "buffer": set(), "unregistered_state": set()}
     drifted = _drifted_params(recs[0] if recs else {})
-    for check in (_structure, _requires_grad):
-        found, names_ = check(recs)
+    for find in (_structure, _requires_grad):
+        found, names_ = find(recs)
         out += found
         explained["parameter"] |= names_
-    for check in (_set_in_forward, _consumed_by_hook):
-        found, names_ = check(recs, drifted, steps)
+    for find in (_set_in_forward, _consumed_by_hook):
+        found, names_ = find(recs, drifted, steps)
         out += found
         explained["parameter"] |= names_
     found, by_kind = _shape_follows_input(recs)

@@ -9,8 +9,8 @@ from .inputs import DoctorInputError
 RESERVED_DDP = ("module", "device_ids", "output_device", "process_group", "device_mesh")
 
 
-def check_ddp_kwargs(ddp_kwargs) -> dict:
-    """The user's DistributedDataParallel keyword arguments, checked against DDP's signature
+def validated_ddp_kwargs(ddp_kwargs) -> dict:
+    """The user's DistributedDataParallel keyword arguments, validated against DDP's signature
     (the doctor sets the module, devices and process group itself)."""
     from torch.nn.parallel import DistributedDataParallel
 

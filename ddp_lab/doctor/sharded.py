@@ -131,8 +131,8 @@ def probe(source, example, strategy: str, amp: str | None = None) -> dict:
             "error": sharded_step(model, units, batch, strategy, amp)}
 
 
-def check(source, example, strategy: str, world_size: int, timeout: float,
-          amp: str | None = None):
+def sharded_findings(source, example, strategy: str, world_size: int, timeout: float,
+                     amp: str | None = None):
     """Launch `probe` on `world_size` ranks; (RunResult, findings of lesson 12)."""
     from ..launching.launcher import launch
 

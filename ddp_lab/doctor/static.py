@@ -141,8 +141,8 @@ def low_precision(model) -> list[Finding]:
         "inputs); for fp16 add torch.amp.GradScaler")]
 
 
-def check(model) -> list[Finding]:
-    """Every static check on one instance."""
+def static_findings(model) -> list[Finding]:
+    """Every static check on one instance: its findings."""
     found = hidden(model)
     return (unregistered_trainable(found) + in_containers(found) + plain_tensors(found)
             + hard_coded_devices(model, found) + mixed_placement(model) + low_precision(model))

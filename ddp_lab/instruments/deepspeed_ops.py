@@ -77,7 +77,7 @@ def stale_lock(folder: Path | None = None) -> Path | None:
     return lock
 
 
-def check_toolchain() -> None:
+def require_toolchain() -> None:
     """Raise OpBuildError naming what a build needs and this machine lacks."""
     missing = []
     cxx = os.environ.get("CXX", "c++")
@@ -182,7 +182,7 @@ def ensure_built(timeout: float = 1800.0, say=print) -> bool:
         _remove_dead_lock(folder, say)
     if is_built(folder) and not (folder / "lock").exists():
         return False
-    check_toolchain()
+    require_toolchain()
     folder.parent.mkdir(parents=True, exist_ok=True)
     log = folder.parent / f"{NAME}.build.log"
     say(f"Building DeepSpeed's {NAME} op into {folder} (once per machine, a few minutes; "

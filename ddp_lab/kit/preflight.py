@@ -20,7 +20,7 @@ KERNEL_IMPORTS = ("torch", "ddp_lab", "ipywidgets", "ipykernel")
 
 
 @dataclass
-class Check:
+class Item:
     name: str
     ok: bool
     detail: str
@@ -42,29 +42,29 @@ def _release(version: str) -> tuple[int, ...]:
     return tuple(parts)
 
 
-def check_python() -> Check:
+def python_version() -> Item:
     v = sys.version_info
     ok = (v.major, v.minor) >= MIN_PYTHON
-    return Check("python", ok, f"{v.major}.{v.minor}.{v.micro} ({sys.executable})",
+    return Item("python", ok, f"{v.major}.{v.minor}.{v.micro} ({sys.executable})",
                  f"use Python {MIN_PYTHON[0]}.{MIN_PYTHON[1]} or newer")
 
 
-def check_torch() -> Check:
+def torch_build() -> Item:
     try:
         import torch
         import torch.distributed as dist
     except ImportError as exc:
-        return Check("torch", False, f"cannot import torch ({exc})",
+        return Item("torch", False, f"cannot import torch ({exc})",
                      "pip install -r requirements.txt (it pins the CPU build)")
     build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "CPU build"
     gpus = torch.cuda.device_count() if torch.version.cuda else 0
     detail = f"{torch.__version__}, {build}, {gpus} GPU(s)"
     detail += "" if torch.__version__.startswith(TESTED_TORCH) else f" (the course is tested on {TESTED_TORCH})"
     if _release(torch.__version__) < MIN_TORCH:
-        return Check("torch", False, detail, f"torch {MIN_TORCH[0]}.{MIN_TORCH[1]} or newer is needed")
+        return Item("torch", False, detail, f"torch {MIN_TORCH[0]}.{MIN_TORCH[1]} or newer is needed")
     if not (dist.is_available() and dist.is_gloo_available()):
-        return Check("torch", False, detail + ", no gloo backend", "install a torch build with torch.distributed")
-    return Check("torch", True, detail + ", gloo available")
+        return Item("torch", False, detail + ", no gloo backend", "install a torch build with torch.distributed")
+    return Item("torch", True, detail + ", gloo available")
 
 
 def _two_rank_body():
@@ -76,27 +76,27 @@ def _two_rank_body():
     return t.item()
 
 
-def check_launch(timeout: float = 60) -> Check:
+def two_ranks(timeout: float = 60) -> Item:
     from ..launching.launcher import launch
 
     start = time.time()
     try:
         result = launch(_two_rank_body, world_size=2, backend="gloo", timeout=timeout, label="check")
     except Exception as exc:  # the launcher itself failed: name it, keep the cause
-        return Check("two ranks", False, f"the launch failed: {type(exc).__name__}: {exc}")
+        return Item("two ranks", False, f"the launch failed: {type(exc).__name__}: {exc}")
     seconds = time.time() - start
     if result.ok and result.values == [3.0, 3.0]:
-        return Check("two ranks", True, f"launched, all_reduce gave 3.0 on both, in {seconds:.1f} s")
-    return Check("two ranks", False, f"{result.status}: {result.describe_failure().splitlines()[0]}",
+        return Item("two ranks", True, f"launched, all_reduce gave 3.0 on both, in {seconds:.1f} s")
+    return Item("two ranks", False, f"{result.status}: {result.describe_failure().splitlines()[0]}",
                  "a firewall or VPN can block localhost ports; try again off the VPN, or ask the instructor")
 
 
-def check_installed(dist_name: str) -> Check:
+def installed(dist_name: str) -> Item:
     """Installed in this environment (its metadata: importing JupyterLab takes seconds)."""
     try:
-        return Check(dist_name, True, metadata.version(dist_name))
+        return Item(dist_name, True, metadata.version(dist_name))
     except metadata.PackageNotFoundError:
-        return Check(dist_name, False, "not installed", f"pip install {dist_name} (or -r requirements.txt)")
+        return Item(dist_name, False, "not installed", f"pip install {dist_name} (or -r requirements.txt)")
 
 
 def kernel_python() -> tuple[str, str]:
@@ -108,11 +108,11 @@ def kernel_python() -> tuple[str, str]:
     return spec.display_name, sys.executable if argv0 in ("python", "python3", "{python}") else argv0
 
 
-def check_kernel() -> Check:
+def notebook_kernel() -> Item:
     try:
         name, python = kernel_python()
     except Exception as exc:
-        return Check("kernel", False, f"no python3 Jupyter kernel ({type(exc).__name__}: {exc})",
+        return Item("kernel", False, f"no python3 Jupyter kernel ({type(exc).__name__}: {exc})",
                      "python -m ipykernel install --user")
     # find_spec, not import: as sure that the kernel's interpreter has them, and seconds faster
     code = ("import importlib.util as u, sys; missing = [m for m in sys.argv[1:] if u.find_spec(m) is None]; "
@@ -120,22 +120,22 @@ def check_kernel() -> Check:
     proc = subprocess.run([python, "-c", code, *KERNEL_IMPORTS], capture_output=True, text=True, timeout=60)
     if proc.returncode:
         missing = proc.stdout.strip() or (proc.stderr.strip().splitlines() or ["?"])[-1]
-        return Check("kernel", False, f"{name!r} ({python}) lacks: {missing}",
+        return Item("kernel", False, f"{name!r} ({python}) lacks: {missing}",
                      f"{python} -m pip install -r requirements.txt")
-    return Check("kernel", True, f"{name!r} ({python}) has {', '.join(KERNEL_IMPORTS)}")
+    return Item("kernel", True, f"{name!r} ({python}) has {', '.join(KERNEL_IMPORTS)}")
 
 
-CHECKS: tuple[Callable[[], Check], ...] = (
-    check_python, check_torch, check_launch,
-    lambda: check_installed("jupyterlab"), lambda: check_installed("ipywidgets"), check_kernel,
+ITEMS: tuple[Callable[[], Item], ...] = (
+    python_version, torch_build, two_ranks,
+    lambda: installed("jupyterlab"), lambda: installed("ipywidgets"), notebook_kernel,
 )
 
 
-def run_checks(checks=CHECKS, out=print) -> int:
-    """Run every check, print one line each; 0 when all pass, 1 otherwise."""
+def preflight(items=ITEMS, out=print) -> int:
+    """Run every item of the checklist, print one line each; 0 when all pass, 1 otherwise."""
     failed = 0
-    for check in checks:
-        result = check()
+    for item in items:
+        result = item()
         out(result.line())
         failed += not result.ok
     out("all checks passed: you are ready" if not failed else f"{failed} check(s) failed")

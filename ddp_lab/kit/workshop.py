@@ -33,7 +33,7 @@ ASSETS_HOW = ("npm install --prefix DIR reveal.js@4.0.2 requirejs@2.3.7, then pa
               "--slides-assets DIR/node_modules")
 
 
-def check_assets(folder) -> Path:
+def validate_assets(folder) -> Path:
     """`folder` (an npm node_modules) has reveal.js and requirejs, or a ValueError names what
     is missing and how to get it."""
     folder = Path(folder)
@@ -72,7 +72,7 @@ def build_workshop(out, notebooks="notebooks", slides_assets=None) -> Path:
     `slides_assets`: an npm node_modules with reveal.js and requirejs, copied beside the
     slides so they work offline."""
     out = Path(out)
-    assets = check_assets(slides_assets) if slides_assets else None
+    assets = validate_assets(slides_assets) if slides_assets else None
     lessons = lesson_notebooks(notebooks)
     out.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".workshop-", dir=out))

@@ -91,7 +91,7 @@ def launch(fn: Callable, *args, world_size: int = 2, backend: str = "auto",
     # few per cent; see README): each rank's collectives then come back in `collectives`.
     record = timeout is not None
     timeout = DEFAULT_TIMEOUT if timeout is None else timeout
-    _check_args(fn, world_size, timeout, env, start_method, grace)
+    _validate_args(fn, world_size, timeout, env, start_method, grace)
     if native_stacks:
         pyspy.require()  # says so, before anything starts, when py-spy is not installed
     if in_torchrun():
@@ -175,7 +175,7 @@ def resolve_backend(backend: str, world_size: int | None) -> str:
     return backend
 
 
-def _check_args(fn, world_size, timeout, env, start_method, grace) -> None:
+def _validate_args(fn, world_size, timeout, env, start_method, grace) -> None:
     if not callable(fn):
         raise TypeError(f"launch needs a function to run on each rank, got {type(fn).__name__}")
     if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:

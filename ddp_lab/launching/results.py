@@ -205,7 +205,6 @@ class RunResult:
     timeout: float = 0.0
     seconds: float = 0.0
     label: str = ""
-    extra: dict = field(default_factory=dict)
 
     @property
     def world_size(self) -> int:

@@ -57,5 +57,4 @@ def run_here(fn, args, kwargs, *, backend, timeout, init_process_group, label=""
             time.sleep(QUIESCE)  # gloo's worker threads release finished work first (they need the GIL)
             dist.destroy_process_group()
     res.seconds = time.time() - start
-    return RunResult([res], backend=backend, timeout=timeout, seconds=res.seconds, label=label,
-                     extra={"torchrun": True, "world_size": info.world_size})
+    return RunResult([res], backend=backend, timeout=timeout, seconds=res.seconds, label=label)

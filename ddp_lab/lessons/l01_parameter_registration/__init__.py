@@ -31,10 +31,10 @@ UNREGISTERED_DEVICE = Expect("error", "RuntimeError", r"same device", ranks=(0, 
 
 def _never_moved(*names):
     """Extra check: the unregistered tensors `names` never changed on any rank."""
-    def check(result):
+    def problems(result):
         return [f"rank {r.rank}: {n} moved by {r.value['moved'][n]:.3g}"
                 for r in result.ranks for n in names if r.value["moved"][n] != 0.0]
-    return check
+    return problems
 
 
 def _stopped_at_second_step(result):

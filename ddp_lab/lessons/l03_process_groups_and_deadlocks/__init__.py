@@ -37,23 +37,23 @@ def where(stack: str, depth: int = 5) -> str:
 
 def _key_waited_for(rank: int):
     """Every rank timed out waiting for the store key of rank `rank`."""
-    def check(result):
+    def problems(result):
         return [f"rank {r.rank} waited for {r.error.message.split('keys: ')[-1]!r}, not rank {rank}'s"
                 for r in result.ranks if r.error and not r.error.message.endswith(f"/{rank}")]
-    return check
+    return problems
 
 
 def _stack_of(rank: int, fragment: str):
-    def check(result):
+    def problems(result):
         if fragment not in result.ranks[rank].stack:
             return [f"rank {rank} was not stopped in {fragment}: {result.ranks[rank].stuck_in()}"]
         return []
-    return check
+    return problems
 
 
 def printed_on_rank0_only(steps: int = 3):
     """Rank 0 printed one line per step; no other rank printed anything."""
-    def check(result):
+    def problems(result):
         problems = []
         lines = [ln for ln in result.ranks[0].stdout.splitlines() if "loss" in ln]
         if len(lines) != steps:
@@ -61,7 +61,7 @@ def printed_on_rank0_only(steps: int = 3):
         problems += [f"rank {r.rank} printed {len(r.stdout.splitlines())} lines, expected none"
                      for r in result.ranks[1:] if r.stdout.strip()]
         return problems
-    return check
+    return problems
 
 
 def _rank1_silently_wrong(result):

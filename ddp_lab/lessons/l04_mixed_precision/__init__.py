@@ -30,10 +30,10 @@ FAST_GROWTH = {"growth_interval": 2}
 
 
 def _every_rank(key, wanted):
-    def check(result):
+    def problems(result):
         return [f"rank {r.rank}: {key} = {r.value[key]!r}, expected {wanted!r}"
                 for r in result.ranks if r.value[key] != wanted]
-    return check
+    return problems
 
 
 def _skips_some_steps(result):

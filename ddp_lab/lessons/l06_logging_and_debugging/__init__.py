@@ -51,12 +51,12 @@ def rank0_console_every_rank_record(result):
 
 
 def _root_is(rank: int):
-    def check(result):
+    def problems(result):
         root = result.root_cause
         others = [r for r in result.failures if r is not root and not r.is_collateral]
         return ([f"root cause is rank {root.rank}, expected rank {rank}"] if root.rank != rank else []) + \
             [f"rank {r.rank} failed on its own too: {r.headline}" for r in others]
-    return check
+    return problems
 
 
 def _crashed_building_ddp(result):
@@ -65,10 +65,10 @@ def _crashed_building_ddp(result):
 
 
 def _stack_of(rank: int, fragment: str):
-    def check(result):
+    def problems(result):
         r = result.ranks[rank]
         return [] if fragment in r.stack else [f"rank {rank} was not stopped {fragment}: {r.stuck_in()}"]
-    return check
+    return problems
 
 
 def _cpp_names_parameters(result):
@@ -93,10 +93,10 @@ def _aux_detail_late(expect: Expect, model_cls=AuxNet) -> Variant:
 
 
 def _level_is(level: str):
-    def check(result):
+    def problems(result):
         return [f"rank {r.rank} ran at level {r.value['debug_level']}, expected {level}"
                 for r in result.ranks if r.ok and r.value["debug_level"] != level]
-    return check
+    return problems
 
 
 # A bug of torch 2.13.0+cpu (gloo): a process group CREATED under DETAIL is wrapped in a checker

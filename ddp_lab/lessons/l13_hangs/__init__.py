@@ -27,7 +27,7 @@ DETAIL = {"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}  # wraps the group only when set 
 def parts_at(kind: str, ops: tuple[str, ...]):
     """An Expect check: the flight recorder shows the ranks part by `kind`, rank r in ops[r]
     ("-": rank r never entered it)."""
-    def check(result) -> list[str]:
+    def problems(result) -> list[str]:
         p = find(result.ranks)
         if p is None:
             return ["the flight recorder shows no collective where the ranks part"]
@@ -35,7 +35,7 @@ def parts_at(kind: str, ops: tuple[str, ...]):
         if p.kind != kind or seen != ops:
             return [f"the ranks part at #{p.seq} by {p.kind} {seen}, expected {kind} {ops}"]
         return []
-    return check
+    return problems
 
 
 def entry_gap(result, seq: int | None = None) -> float:
@@ -51,11 +51,11 @@ def entry_gap(result, seq: int | None = None) -> float:
 
 def entered_late(seconds: float):
     """An Expect check: one rank entered the last common collective `seconds` after another."""
-    def check(result) -> list[str]:
+    def problems(result) -> list[str]:
         gap = entry_gap(result)
         return [] if gap > seconds else [f"the ranks entered their last collective {gap:.1f} s "
                                          f"apart, expected > {seconds:g} s"]
-    return check
+    return problems
 
 
 def no_parting(result) -> list[str]:
