@@ -3,7 +3,7 @@ from .launching.processes import prewarm
 from .launching.launcher import launch
 from .launching.rankinfo import RankInfo, ddp_kwargs, device, rank_info
 from .course import exercise  # noqa: F401  (ddp_lab.exercise.try_fix in notebooks)
-from .launching.display import show
+from .course.source import show
 from .doctor import doctor  # the function; the package stays importable as ddp_lab.doctor.*
 from .launching.results import DistributedRunError, ErrorInfo, RankResult, RunResult
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 import html
 import textwrap
 
+from ..launching.display import cell, table
+
 MARK = {"error": "ERROR", "warning": "WARN ", "info": "info "}
 COLOUR = {"error": "#e74c3c", "warning": "#e67e22", "info": "#3498db"}  # legible on light and dark
 TRACE_LINES = 12  # lines of a trace shown in text (the JSON has all of it)
@@ -57,7 +59,7 @@ _LIST = "margin:0;padding-left:1.2em;text-align:left"
 
 
 def _td(content: str, extra: str = "") -> str:
-    return f"<td style='{_CELL}{';' + extra if extra else ''}'>{content}</td>"
+    return cell(content, _CELL + (";" + extra if extra else ""), quote="'")
 
 
 def _row(f) -> str:
@@ -80,8 +82,6 @@ def report_html(report) -> str:
         head += f"<ul style='{_LIST};font-size:90%'>{notes}</ul>"
     if not report.findings:
         return head
-    cols = "".join(f"<th style='{_HEAD}'>{c}</th>"
-                   for c in ("severity", "lesson", "finding", "evidence", "fix"))
-    rows = "".join(_row(f) for f in report.findings)
-    return (f"{head}<table style='border-collapse:collapse;text-align:left;margin:0;table-layout:auto'>"
-            f"<thead><tr>{cols}</tr></thead><tbody>{rows}</tbody></table>")
+    columns = ("severity", "lesson", "finding", "evidence", "fix")
+    return head + table(columns, [_row(f) for f in report.findings], header_style=_HEAD, quote="'",
+                        style="border-collapse:collapse;text-align:left;margin:0;table-layout:auto")

@@ -1,10 +1,8 @@
-"""How results look in a notebook: a compact per-rank table for a RunResult, and `show(obj)`,
-which prints the source of lesson code so notebooks display it instead of copying it."""
+"""How results look in a notebook: a compact per-rank table for a RunResult (and the HTML table
+helpers the doctor's report uses too), and what the stop button leaves in a cell."""
 from __future__ import annotations
 
 import html
-import inspect
-import textwrap
 
 from .sanitize import sanitize
 
@@ -16,8 +14,23 @@ _NOWRAP = "white-space:nowrap"
 _WHAT = "min-width:16em;max-width:48em;overflow-wrap:anywhere"
 
 
+def cell(content: str, style: str, quote: str = '"') -> str:
+    """`<td>` with its own style (JupyterLab's CSS right-aligns table cells); `content` is HTML."""
+    return f"<td style={quote}{style}{quote}>{content}</td>"
+
+
+def table(headers, rows, *, header_style: str = "text-align:left", style: str = "",
+          quote: str = '"') -> str:
+    """An HTML table: one header row of `headers` (HTML), then `rows` (each a `<tr>...</tr>`).
+    `quote` quotes the attributes (the doctor's report has always used ', and its committed
+    outputs compare byte for byte)."""
+    head = "".join(f"<th style={quote}{header_style}{quote}>{h}</th>" for h in headers)
+    attrs = f" style={quote}{style}{quote}" if style else ""
+    return f"<table{attrs}><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
+
+
 def _cell(text: str, style: str = "") -> str:
-    return f'<td style="text-align:left;{style}">{html.escape(text)}</td>'
+    return cell(html.escape(text), f"text-align:left;{style}")
 
 
 def _what_cell(what: str, mark: str) -> str:
@@ -64,20 +77,19 @@ def run_result_html(result) -> str:
             + _cell(r.status, f"color:{colour};font-weight:bold;{_NOWRAP}")
             + _what_cell(what, mark)
             + _cell(f"{r.seconds:.2f} s", _NOWRAP)
-            + f'<td style="text-align:left;min-width:8em">{folds}</td></tr>'
+            + cell(folds, "text-align:left;min-width:8em") + "</tr>"
         )
     title = html.escape(f"{result.label + ': ' if result.label else ''}{result.status}, "
                         f"world_size={result.world_size}, backend={result.backend}")
     colour = _COLOURS.get(result.status, "black")
     divergence = result.divergence() if result.status == "timeout" else ""
     if divergence:
-        from .divergence import table
+        from .divergence import table as recorded
 
         rows.append(f'<tr><td colspan="5" style="text-align:left">{html.escape(divergence)}'
-                    f'{_details("flight recorder", table(result.ranks))}</td></tr>')
-    head = "".join(f'<th style="text-align:left">{h}</th>' for h in ("rank", "status", "what happened", "time", "details"))
-    return (f'<div><b style="color:{colour}">RunResult</b> {title}'
-            f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table></div>")
+                    f'{_details("flight recorder", recorded(result.ranks))}</td></tr>')
+    columns = ("rank", "status", "what happened", "time", "details")
+    return f'<div><b style="color:{colour}">RunResult</b> {title}{table(columns, rows)}</div>'
 
 
 INTERRUPTED_LINE = "interrupted: the launch was stopped and every rank with it (their stacks are above)"
@@ -97,16 +109,3 @@ def show_interrupted(result, note: str) -> None:
     else:
         display(result)
 
-
-def source(obj) -> str:
-    """The source code of a lesson function or class, dedented."""
-    return textwrap.dedent(inspect.getsource(obj))
-
-
-def show(*objs) -> None:
-    """Print the source of lesson code (functions, classes), so a notebook shows the one copy
-    that lives in ddp_lab/lessons/ rather than a second one."""
-    for i, obj in enumerate(objs):
-        if i:
-            print()
-        print(source(obj).rstrip())
