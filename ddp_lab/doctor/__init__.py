@@ -14,8 +14,7 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-from .failures import DoctorBug
-from .inputs import DoctorInputError
+from .inputs import DoctorBug, DoctorInputError
 from .report import LESSONS, Finding, Report
 from .settings import not_exercised, settings_note, validated_ddp_kwargs
 

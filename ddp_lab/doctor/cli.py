@@ -53,8 +53,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 def run(args) -> int:
     """Load, diagnose, print; the exit status."""
     from . import doctor
-    from .failures import DoctorBug
-    from .inputs import DoctorInputError
+    from .inputs import DoctorBug, DoctorInputError
     from .loader import eval_input, eval_loss, load_target, parse_ddp
 
     try:

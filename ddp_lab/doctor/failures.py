@@ -9,6 +9,7 @@ from ..launching.frames import main_thread_frames
 from ..launching.sanitize import sanitize
 from .classify import classify
 from .frames import DOCTOR, ours, short_file, tidy
+from .inputs import DoctorBug
 from .report import Finding
 from .trace import skipped
 
@@ -44,10 +45,6 @@ def failure_findings(result, recs: list[dict], amp: str | None,
         found = _crash(result, recs)
     found.trace = tidy(found.trace, where)
     return [found]
-
-
-class DoctorBug(RuntimeError):
-    """The doctor's own code failed on a rank: not a finding about the user's module."""
 
 
 def _raise_if_doctor_bug(rank) -> None:

@@ -25,6 +25,11 @@ class DoctorInputError(ValueError):
     The CLI prints the message and exits with status 2."""
 
 
+class DoctorBug(RuntimeError):
+    """The doctor's own code failed on a rank: not a finding about the user's module. The CLI
+    prints the message and exits with status 3."""
+
+
 @dataclass
 class ModelSource:
     """How each rank gets its model: a class or factory called there, or an instance shipped

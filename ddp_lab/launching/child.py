@@ -18,7 +18,6 @@ import signal
 import sys
 import time
 import traceback
-from datetime import timedelta
 
 from . import flight
 from .frames import launchers
@@ -27,8 +26,9 @@ STACK_SIGNAL = signal.SIGUSR1
 _KEEP_ALIVE: list = []
 
 
-def _die_with_parent() -> None:
-    """Linux: ask the kernel to SIGKILL this process when its parent dies."""
+def die_with_parent() -> None:
+    """Linux: ask the kernel to SIGKILL this process when its parent dies (a rank, and
+    anything a rank starts that must not outlive it: lesson 06's torchrun workers)."""
     if not sys.platform.startswith("linux"):
         return
     try:
@@ -61,6 +61,8 @@ def _arm_stack_dump(spec: dict) -> None:
 
 
 def _init_group(spec: dict) -> None:
+    from datetime import timedelta
+
     import torch
     import torch.distributed as dist
 
@@ -168,7 +170,7 @@ def child_main(spec_path: str) -> None:
         os.setsid()
     except OSError:
         pass  # already a session leader (plain spawn with start_new_session)
-    _die_with_parent()
+    die_with_parent()
     _redirect(spec)
     os.environ.clear()
     os.environ.update(spec["env"])

@@ -9,11 +9,11 @@ from __future__ import annotations
 import pickle
 import re
 import signal
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from .frames import FRAME, launchers, main_thread_frames
-from .sanitize import sanitize  # noqa: F401  (re-exported: ddp_lab.results.sanitize)
+from .sanitize import sanitize
 from .display import run_result_html
 
 # A rank's status, plain strings (so results pickle and print as before), mildest first:

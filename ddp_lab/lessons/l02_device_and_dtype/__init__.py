@@ -10,7 +10,7 @@ import os
 import torch
 
 from ...course.registry import Expect, Lesson, ModuleCase, Scenario, Variant
-from ...launching.results import RunResult, sanitize
+from ...launching import RunResult, sanitize
 from . import modules as m
 from .figures import figures
 from .runs import (constants_across_ranks, hardcoded_cuda, materialise, train_cast,

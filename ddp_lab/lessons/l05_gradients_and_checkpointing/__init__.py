@@ -11,7 +11,7 @@ import re
 from dataclasses import replace
 
 from ...course.registry import Expect, Lesson, ModuleCase, Scenario, Variant
-from ...launching.results import sanitize
+from ...launching import sanitize
 from . import modules as m
 from .figures import draw_memory, figures
 from .runs_memory import held_saved_bytes, peak_growth, reset_peak_rss, slope

@@ -14,7 +14,7 @@ from datetime import timedelta
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from ...launching.child import _die_with_parent
+from ...launching import die_with_parent
 from .runs import VOCAB, train_tokens
 
 WORKER = __spec__.name  # this module (its __name__ is "__main__" where it runs as a worker)
@@ -46,5 +46,5 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    _die_with_parent()  # torchrun's agent runs inside a launched rank: go when it goes
+    die_with_parent()  # torchrun's agent runs inside a launched rank: go when it goes
     main()

@@ -45,7 +45,7 @@ def prewarm_deepspeed(wait: bool = False) -> bool:
 
     import torch
 
-    from ...launching.processes import prewarm
+    from ...launching import prewarm
 
     if not torch.cuda.is_available():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
