@@ -17,6 +17,20 @@ def test_list_names_every_lesson(capsys):
     assert "00  Launching ranks" in out and "source_example" in out
 
 
+def test_help_prints_the_whole_description_and_every_part_adds_its_commands(capsys):
+    from ddp_lab import cli
+
+    with pytest.raises(SystemExit) as stop:
+        main(["--help"])
+    assert stop.value.code == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert " ".join(cli.DESCRIPTION.split()) in out and cli.DESCRIPTION.endswith(".")
+    sub = [a for a in cli.build_parser()._actions if a.dest == "command"][0]
+    assert list(sub.choices) == ["list", "run", "tour", "build-ops", "check", "workshop", "site",
+                                 "doctor"]
+    assert all(callable(part.add_commands) for part in cli.PARTS)
+
+
 def test_run_checks_each_variant_against_its_declaration(capsys):
     assert main(["run", "00", "rank_exits"]) == 0
     out = capsys.readouterr().out

@@ -1,5 +1,5 @@
-"""`ddp-lab doctor path/to/file.py:Name --input "torch.randn(8, 16)"` (also
-`python -m ddp_lab.doctor ...`). Exit status: 0 no error-level finding, 1 some, 2 bad input,
+"""The doctor's subcommand of `ddp-lab`: `ddp-lab doctor path/to/file.py:Name --input
+"torch.randn(8, 16)"` (also `python -m ddp_lab.doctor ...`). Exit status: 0 no error-level finding, 1 some, 2 bad input,
 3 the doctor itself failed."""
 from __future__ import annotations
 
@@ -43,11 +43,10 @@ def configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return p
 
 
-def add_parser(subparsers) -> argparse.ArgumentParser:
-    """Add `doctor` to the `ddp-lab` command's subparsers."""
-    return configure(subparsers.add_parser(
-        "doctor", help=HELP, description=HELP, epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter))
+def add_commands(sub) -> None:
+    """The doctor's subcommand of `ddp-lab` (as every part adds its own: see ddp_lab/cli.py)."""
+    configure(sub.add_parser("doctor", help=HELP, description=HELP, epilog=EPILOG,
+                             formatter_class=argparse.RawDescriptionHelpFormatter))
 
 
 def run(args) -> int:
