@@ -3,29 +3,8 @@ import time
 
 import pytest
 
-
-def _stat(pid) -> list[str] | None:
-    """/proc/PID/stat's fields after the command name (state first, then the parent's pid);
-    None when the process is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-
-
-def descendants(pid: int) -> set[int]:
-    """Every live descendant of `pid` (from /proc), zombies excluded."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and (fields := _stat(entry)) and fields[0] != "Z":
-            children.setdefault(int(fields[1]), []).append(int(entry))
-    found, todo = set(), [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.add(child)
-            todo.append(child)
-    return found
+# One reader of /proc, the launcher's; tests import alive and descendants from here.
+from ddp_lab.launching.processes import alive, descendants, parent as _parent  # noqa: F401
 
 
 def _described(pid: int) -> str:
@@ -41,10 +20,6 @@ def _described(pid: int) -> str:
     if parent is None:
         return f"{pid} (gone)"
     return f"{pid} ({cmd(pid)}) <- {parent} ({cmd(parent)})"
-
-
-def alive(pid: int) -> bool:
-    return (fields := _stat(pid)) is not None and fields[0] != "Z"
 
 
 @pytest.fixture
@@ -84,10 +59,6 @@ def browser():
 
 
 _browser_roots: set[int] = set()
-
-
-def _parent(pid: int) -> int | None:
-    return int(fields[1]) if (fields := _stat(pid)) else None
 
 
 def _tree(roots) -> set[int]:

@@ -23,6 +23,8 @@ import sysconfig
 import time
 from pathlib import Path
 
+from ..launching.processes import descendants, working_in
+
 NAME = "deepspeed_shm_comm"
 COMMAND = "ddp-lab build-ops"
 STALE_AFTER_S = 30.0  # a live holder of torch's lock runs ninja in the folder within ms
@@ -54,14 +56,7 @@ def is_built(folder: Path | None = None) -> bool:
 
 def _builders(folder: Path) -> list[int]:
     """Processes working in `folder` (ninja and the compilers it starts run there)."""
-    found, target = [], str(folder.resolve())
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            if os.readlink(f"/proc/{pid}/cwd") == target:
-                found.append(int(pid))
-        except OSError:
-            continue
-    return found
+    return working_in(folder)
 
 
 def stale_lock(folder: Path | None = None) -> Path | None:
@@ -108,23 +103,6 @@ def require_built() -> None:
                            f"for minutes. Run `{COMMAND}` once first (a few minutes, one time).")
 
 
-def _descendants(pid: int) -> list[int]:
-    parent = {}
-    for p in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{p}/stat") as f:
-                parent[int(p)] = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-    found, todo = [], [pid]
-    while todo:
-        kids = [c for c, pp in parent.items() if pp == todo[-1]]
-        todo.pop()
-        found += kids
-        todo += kids
-    return found
-
-
 def _kill_tree(proc, folder: Path) -> None:
     """Kill the build and every process under it or working in its folder, until none is left
     (bounded): ninja starts each compiler in a process group of its own, and a shell it was
@@ -132,7 +110,7 @@ def _kill_tree(proc, folder: Path) -> None:
     deadline, quiet_since = time.monotonic() + 15, None
     while time.monotonic() < deadline:
         alive = ({proc.pid} if proc.poll() is None else set())
-        alive |= set(_descendants(proc.pid)) | set(_builders(folder))
+        alive |= descendants(proc.pid) | set(_builders(folder))
         for pid in alive:
             try:
                 os.kill(pid, signal.SIGKILL)

@@ -222,3 +222,61 @@ def shutdown() -> None:
 
 
 atexit.register(shutdown)
+
+
+# ---- the processes of this machine, from /proc (Linux) ---------------------------------------
+# One reader for the launcher's tests and for deepspeed_ops, which must find and kill a killed
+# build's compilers (ninja starts each in a process group of its own).
+
+def _stat(pid) -> list[str] | None:
+    """/proc/PID/stat's fields after the command name (state first, then the parent's pid);
+    None when the process is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def pids() -> list[int]:
+    """Every process id /proc lists (empty where there is no /proc)."""
+    try:
+        return [int(entry) for entry in os.listdir("/proc") if entry.isdigit()]
+    except OSError:
+        return []
+
+
+def alive(pid: int) -> bool:
+    """The process exists and is not a zombie."""
+    return (fields := _stat(pid)) is not None and fields[0] != "Z"
+
+
+def parent(pid: int) -> int | None:
+    return int(fields[1]) if (fields := _stat(pid)) else None
+
+
+def descendants(pid: int) -> set[int]:
+    """Every live descendant of `pid`, zombies excluded."""
+    children: dict[int, list[int]] = {}
+    for child in pids():
+        if (fields := _stat(child)) and fields[0] != "Z":
+            children.setdefault(int(fields[1]), []).append(child)
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return found
+
+
+def working_in(folder) -> list[int]:
+    """The processes whose current directory is `folder`."""
+    target = os.path.realpath(folder)
+    found = []
+    for pid in pids():
+        try:
+            if os.readlink(f"/proc/{pid}/cwd") == target:
+                found.append(pid)
+        except OSError:
+            continue
+    return found
