@@ -98,6 +98,41 @@ def _last_frames(exc: BaseException, n: int = 3) -> str:
                      + (f"\n    {f.line.strip()}" if f.line else "") for f in frames)
 
 
+# ---- tensors nested in tuples, lists and dicts (a batch, an output) ----------------------------
+
+def tensors_in(value):
+    """Every tensor in `value`, depth first: a tensor, or tuples, lists and dicts of them."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, (tuple, list)):
+        for v in value:
+            yield from tensors_in(v)
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from tensors_in(v)
+
+
+def map_tensors(value, fn):
+    """`value` with every tensor `t` in it replaced by `fn(t)`; the tuples, lists and dicts
+    around them rebuilt, anything else kept."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return fn(value)
+    if isinstance(value, (tuple, list)):
+        return type(value)(map_tensors(v, fn) for v in value)
+    if isinstance(value, dict):
+        return {k: map_tensors(v, fn) for k, v in value.items()}
+    return value
+
+
+def floating_tensors(value):
+    """Every floating-point tensor in `value` (see tensors_in)."""
+    return (t for t in tensors_in(value) if t.is_floating_point())
+
+
 # ---- the input -------------------------------------------------------------------------------
 
 def perturb(value, rank: int):
@@ -105,19 +140,15 @@ def perturb(value, rank: int):
     are rolled along the batch dimension; tuples, lists and dicts item by item."""
     import torch
 
-    if isinstance(value, torch.Tensor):
+    def one(t):
         if rank == 0:
-            return value.clone()
-        if value.is_floating_point():
+            return t.clone()
+        if t.is_floating_point():
             g = torch.Generator().manual_seed(rank)
-            noise = torch.randn(value.shape, generator=g).to(value.dtype).to(value.device)
-            return value + 0.1 * rank * noise
-        return torch.roll(value, rank, 0) if value.dim() and value.shape[0] > 1 else value.clone()
-    if isinstance(value, (tuple, list)):
-        return type(value)(perturb(v, rank) for v in value)
-    if isinstance(value, dict):
-        return {k: perturb(v, rank) for k, v in value.items()}
-    return value
+            noise = torch.randn(t.shape, generator=g).to(t.dtype).to(t.device)
+            return t + 0.1 * rank * noise
+        return torch.roll(t, rank, 0) if t.dim() and t.shape[0] > 1 else t.clone()
+    return map_tensors(value, one)
 
 
 def batch_for(example, rank: int):
@@ -126,15 +157,7 @@ def batch_for(example, rank: int):
 
 
 def move(batch, dev):
-    import torch
-
-    if isinstance(batch, torch.Tensor):
-        return batch.to(dev)
-    if isinstance(batch, (tuple, list)):
-        return type(batch)(move(b, dev) for b in batch)
-    if isinstance(batch, dict):
-        return {k: move(v, dev) for k, v in batch.items()}
-    return batch
+    return map_tensors(batch, lambda t: t.to(dev))
 
 
 def call(model, batch):
@@ -160,20 +183,6 @@ def validate_amp(amp):
 
 
 # ---- the loss --------------------------------------------------------------------------------
-
-def floating_tensors(output):
-    import torch
-
-    if isinstance(output, torch.Tensor):
-        if output.is_floating_point():
-            yield output
-    elif isinstance(output, (tuple, list)):
-        for o in output:
-            yield from floating_tensors(o)
-    elif isinstance(output, dict):
-        for o in output.values():
-            yield from floating_tensors(o)
-
 
 def default_loss(output, batch=None):
     """The sum of every floating-point tensor in the output, each element weighted by a fixed
@@ -245,19 +254,6 @@ def is_fit_error(exc: BaseException, batch) -> bool:
     if ints and ("dtype" in msg or "scalar type" in msg):
         return True
     return isinstance(exc, (RuntimeError, ValueError, IndexError)) and bool(_FIT.search(msg))
-
-
-def tensors_in(batch):
-    import torch
-
-    if isinstance(batch, torch.Tensor):
-        yield batch
-    elif isinstance(batch, (tuple, list)):
-        for b in batch:
-            yield from tensors_in(b)
-    elif isinstance(batch, dict):
-        for b in batch.values():
-            yield from tensors_in(b)
 
 
 def forward_here(model, batch, amp: str | None):

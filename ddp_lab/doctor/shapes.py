@@ -5,7 +5,7 @@ process, one forward pass with a non-batch dimension cut shorter; the first dime
 accepts is varied between ranks: even ranks get the full length, odd ranks the shorter one."""
 from __future__ import annotations
 
-from .inputs import batch_for, forward_here, tensors_in
+from .inputs import batch_for, forward_here, map_tensors, tensors_in
 
 TRIES = 3  # forward passes spent looking for a dimension the module lets vary
 
@@ -13,17 +13,11 @@ TRIES = 3  # forward passes spent looking for a dimension the module lets vary
 def narrow(batch, plan: dict, rank: int):
     """Every tensor of `batch` whose size along plan["dim"] is plan["size"], cut to
     `plan["sizes"][rank % 2]` (the same cut for an input and its mask)."""
-    import torch
-
     dim, full, size = plan["dim"], plan["size"], plan["sizes"][rank % len(plan["sizes"])]
-    if isinstance(batch, torch.Tensor):
-        fits = batch.dim() > dim and batch.shape[dim] == full
-        return batch.narrow(dim, 0, size).clone() if fits else batch
-    if isinstance(batch, (tuple, list)):
-        return type(batch)(narrow(b, plan, rank) for b in batch)
-    if isinstance(batch, dict):
-        return {k: narrow(v, plan, rank) for k, v in batch.items()}
-    return batch
+
+    def one(t):
+        return t.narrow(dim, 0, size).clone() if t.dim() > dim and t.shape[dim] == full else t
+    return map_tensors(batch, one)
 
 
 def rank_batch(example, rank: int, plan: dict | None):
