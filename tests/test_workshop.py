@@ -138,3 +138,23 @@ def test_missing_slides_assets_are_named_and_nothing_is_built(tmp_path, capsys):
     assert "missing reveal.js/dist/reveal.js" in err and "requirejs/require.js" in err
     assert "npm install --prefix DIR reveal.js@4.0.2 requirejs@2.3.7" in err
     assert not out.exists()
+
+
+def test_a_staged_build_replaces_its_parts_whole_or_changes_nothing(tmp_path):
+    from ddp_lab.kit.staging import staged
+
+    out = tmp_path / "out"
+    (out / "part").mkdir(parents=True)
+    (out / "part" / "old.txt").write_text("old")
+    (out / "keep.txt").write_text("kept")
+    with pytest.raises(RuntimeError):
+        with staged(out, ".t-") as tmp:
+            (tmp / "part").mkdir()
+            raise RuntimeError("the build failed")
+    assert (out / "part" / "old.txt").exists() and sorted(p.name for p in out.iterdir()) == ["keep.txt", "part"]
+    with staged(out, ".t-") as tmp:
+        (tmp / "part").mkdir()
+        (tmp / "part" / "new.txt").write_text("new")
+        (tmp / "page.html").write_text("page")
+    assert [p.name for p in (out / "part").iterdir()] == ["new.txt"]  # replaced whole
+    assert sorted(p.name for p in out.iterdir()) == ["keep.txt", "page.html", "part"]

@@ -17,11 +17,10 @@ from __future__ import annotations
 import copy
 import html
 import re
-import shutil
-import tempfile
 from pathlib import Path
 
 from .coursebook import LessonNotebook, lesson_notebooks
+from .staging import staged
 
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 _STYLE = """<style>
@@ -100,18 +99,12 @@ def build_site(out, notebooks="notebooks") -> Path:
     moved into place at the end, so a failure leaves no half-built site."""
     out = Path(out)
     lessons = lesson_notebooks(notebooks)
-    out.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".site-", dir=out))
-    try:
+    with staged(out, ".site-") as tmp:
         words = what_goes_wrong(Path(notebooks).resolve().parent / "README.md")
         pages = {"index.html": index_page(lessons, words)}
         for i, lesson in enumerate(lessons):
             pages[f"{lesson.stem}.html"] = lesson_page(lessons, i)
         for name, text in pages.items():
             (tmp / name).write_text(text, encoding="utf-8")
-        for name in pages:
-            (tmp / name).replace(out / name)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     print(f"site of {len(lessons)} lessons in {out}/ (open {out}/index.html)")
     return out

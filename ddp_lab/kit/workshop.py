@@ -7,19 +7,19 @@
                        OUT/slides/assets/, for a room without internet
     OUT/INSTRUCTOR.md  the instructor guide (ddp_lab.guide)
 
-The kit is written to a temporary folder next to OUT and moved into place at the end, so a
-failure leaves no half-built kit behind.
+The kit is written to a temporary folder inside OUT and moved into place at the end
+(kit/staging.py), so a failure leaves no half-built kit behind.
 """
 from __future__ import annotations
 
 import shutil
-import tempfile
 from pathlib import Path
 
 import nbformat
 
 from .coursebook import lesson_notebooks, slides_copy, student_copy
 from .guide import render_guide
+from .staging import staged
 
 PARTS = ("student", "instructor", "slides", "INSTRUCTOR.md")
 
@@ -74,9 +74,7 @@ def build_workshop(out, notebooks="notebooks", slides_assets=None) -> Path:
     out = Path(out)
     assets = validate_assets(slides_assets) if slides_assets else None
     lessons = lesson_notebooks(notebooks)
-    out.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".workshop-", dir=out))
-    try:
+    with staged(out, ".workshop-") as tmp:
         for part in ("student", "instructor", "slides"):
             (tmp / part).mkdir()
         for lesson in lessons:
@@ -86,14 +84,5 @@ def build_workshop(out, notebooks="notebooks", slides_assets=None) -> Path:
         if assets:
             _copy_assets(assets, tmp / "slides")
         (tmp / "INSTRUCTOR.md").write_text(render_guide(lessons), encoding="utf-8")
-        for part in PARTS:
-            target = out / part
-            if target.is_dir():
-                shutil.rmtree(target)
-            elif target.exists():
-                target.unlink()
-            (tmp / part).rename(target)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     print(f"workshop kit for {len(lessons)} lessons in {out}/: " + ", ".join(PARTS))
     return out
