@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from ...launching.divergence import find
 from ...course.registry import Expect, Lesson, Scenario, Variant
-from .figures import figures
+from .figures import entry_gap, figures
 from .modules import Classifier
 from .runs import (broadcast_vocabulary, evaluate, local_loss, save_checkpoint_slowly,
                    train_and_evaluate_on_rank0, train_with_early_stopping, train_with_rank0_save)
@@ -36,17 +36,6 @@ def parts_at(kind: str, ops: tuple[str, ...]):
             return [f"the ranks part at #{p.seq} by {p.kind} {seen}, expected {kind} {ops}"]
         return []
     return problems
-
-
-def entry_gap(result, seq: int | None = None) -> float:
-    """Seconds between the first and the last rank entering collective #seq (default: the last
-    one every rank recorded), from the flight recorder's timestamps."""
-    records = [r.collectives for r in result.ranks if r.collectives]
-    if len(records) < 2:
-        return 0.0
-    seq = seq or min(c[-1].seq for c in records)
-    times = [c.created for rec in records for c in rec if c.seq == seq]
-    return max(times) - min(times) if len(times) == len(records) else 0.0
 
 
 def entered_late(seconds: float):

@@ -33,7 +33,7 @@ def draw_timeline(ax, result, title: str, colour: str) -> None:
     ax.set_ylim(-0.5, len(result.ranks) - 0.3)
     ax.set_yticks(range(len(result.ranks)), [f"rank {r.rank}" for r in result.ranks])
     ax.set_xlim(max(0.5, end - LAST + 0.5), end + 0.8)
-    gap = _gap(ranks, end)
+    gap = entry_gap(result, end)
     if gap > 1.0:  # a rank entered the last collective seconds after another: it was elsewhere
         ax.text(end, -0.45, f"entered {gap:.0f} s apart ", color=BROKEN, fontsize=7,
                 va="bottom", ha="right")
@@ -43,9 +43,16 @@ def draw_timeline(ax, result, title: str, colour: str) -> None:
     ax.grid(axis="x", alpha=0.3)
 
 
-def _gap(ranks, seq: int) -> float:
-    times = [c.created for r in ranks for c in r.collectives if c.seq == seq and c.group == "0"]
-    return max(times) - min(times) if len(times) > 1 else 0.0
+def entry_gap(result, seq: int | None = None) -> float:
+    """Seconds between the first and the last rank entering collective #seq of the default
+    group (default: the last one every rank recorded), from the flight recorder's timestamps;
+    0 unless every rank that left a record entered it."""
+    records = [[c for c in r.collectives if c.group == "0"] for r in result.ranks if r.collectives]
+    if len(records) < 2 or not all(records):
+        return 0.0
+    seq = seq or min(rec[-1].seq for rec in records)
+    times = [c.created for rec in records for c in rec if c.seq == seq]
+    return max(times) - min(times) if len(times) == len(records) else 0.0
 
 
 def figures(results) -> dict:
