@@ -1,7 +1,10 @@
 import os
 import time
+from pathlib import Path
 
 import pytest
+
+REPO = Path(__file__).resolve().parent.parent  # the repository: tests/ may have subfolders
 
 # One reader of /proc, the launcher's; tests import alive and descendants from here.
 from ddp_lab.launching.processes import alive, descendants, parent as _parent  # noqa: F401
@@ -122,7 +125,7 @@ class KernelPass:
         env = dict(os.environ, **KERNEL_PASS_ENV, DDP_LAB_KERNEL_PASS="child")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", *notebooks],
-            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), env=env,
+            cwd=REPO, env=env,
             stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=True)
 
@@ -147,7 +150,7 @@ def _kernel_pass_tree() -> set[int]:
 def notebook_paths() -> list[str]:
     import glob
 
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = str(REPO)
     return sorted(os.path.relpath(p, root) for p in glob.glob(os.path.join(root, "notebooks", "*.ipynb")))
 
 

@@ -6,9 +6,9 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from conftest import REPO as ROOT
 from ddp_lab.cli import main
 
-ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 
 

@@ -1,6 +1,6 @@
 """Lesson 14 beyond the registry's declarations: what each measurement is made of (exact counts
 from seeded draws), the modules in one process, the checker and the pictures. Runs are shared
-with tests/test_registry.py through the `runs` fixture."""
+with tests/course/test_registry.py through the `runs` fixture."""
 from __future__ import annotations
 
 import random

@@ -4,7 +4,7 @@ training loss ignores an output (a pooler, auxiliary heads).
 
 torchvision and transformers do not install beside torch 2.13.0+cpu here, so the zoo is made of
 small faithful re-creations (the same layer types and wiring); the real models run too where
-those packages import (skipped with the reason otherwise). `python tests/test_doctor_zoo.py`
+those packages import (skipped with the reason otherwise). `python tests/doctor/test_doctor_zoo.py`
 prints the doctor's wall time per model (the README's table)."""
 import time
 

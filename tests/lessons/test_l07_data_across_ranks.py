@@ -1,7 +1,7 @@
 """Lesson 07 beyond the registry's declarations: the helpers that measure overlap and repetition,
 the measured step counts, the second fix (even batches), the checker and the picture.
 
-The generic test (tests/test_registry.py) runs every scenario broken and fixed against its
+The generic test (tests/course/test_registry.py) runs every scenario broken and fixed against its
 declaration; here each distributed test is a public test plus the lesson's per-rank function."""
 from __future__ import annotations
 

@@ -2,17 +2,17 @@
 logs, torchrun's report of the same failure, the console against the records, the stacks of
 the stuck ranks, the straggler's numbers and picture, and the exercise checker.
 
-The generic test (tests/test_registry.py) runs every scenario broken and fixed against its
+The generic test (tests/course/test_registry.py) runs every scenario broken and fixed against its
 declaration; here each distributed test is a public test plus the lesson's per-rank function."""
 from __future__ import annotations
 
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
+from conftest import REPO
 from ddp_lab import launch
 from ddp_lab.course.exercise import try_fix
 from ddp_lab.lessons import l06_logging_and_debugging as l06
@@ -77,7 +77,7 @@ def _collective_of(stack):
 
 @pytest.mark.slow
 def test_the_repro_script_crashes_only_when_the_group_is_created_under_detail():
-    script = Path(__file__).parent.parent / "tools" / "repro_detail_ddp_segfault.py"
+    script = REPO / "tools" / "repro_detail_ddp_segfault.py"
     crash = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     after = subprocess.run([sys.executable, str(script), "--after"], capture_output=True, text=True,
                            timeout=120)

@@ -2,7 +2,7 @@
 on init, two rank 0s, the document's barrier, DETAIL, a plain barrier), the timeline read back
 from killed ranks, the picture, and the exercise checker.
 
-The generic test (tests/test_registry.py) runs every scenario broken and fixed against its
+The generic test (tests/course/test_registry.py) runs every scenario broken and fixed against its
 declaration; here each distributed test is a public test plus the lesson's per-rank function."""
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 measured consequences of DDP's buffer sync, the flag's name on this torch, SyncBatchNorm's
 refusals on the CPU, the checker and the pictures.
 
-The generic test (tests/test_registry.py) runs every scenario broken and fixed against its
+The generic test (tests/course/test_registry.py) runs every scenario broken and fixed against its
 declaration; distributed tests here pair a public test with a per-rank function."""
 from __future__ import annotations
 

@@ -10,16 +10,14 @@ import subprocess
 import sys
 import time
 import urllib.request
-from pathlib import Path
 
 import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_notebook
 
-from conftest import alive, descendants
+from conftest import REPO as ROOT, alive, descendants
 from ddp_lab.launching import launcher
 
-ROOT = Path(__file__).resolve().parent.parent
 LESSON = "01_parameter_registration.ipynb"  # its panel needs only the first cell run
 STOP_CELL = '''import os, time, ddp_lab
 

@@ -1,14 +1,13 @@
 """Every lesson in the registry has its notebook, and its README row; every
 numbered notebook belongs to a lesson (11_doctor is the doctor's walkthrough, not a scenario
 lesson)."""
-import pathlib
 import re
 
 import pytest
 
+from conftest import REPO as ROOT
 from ddp_lab.course.registry import lessons
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
 LESSONS = lessons()
 NOT_IN_REGISTRY = {"11_doctor"}
 

@@ -1,15 +1,14 @@
 """What a learner sees in JupyterLab without running anything, and what `%%ddp` shows: the
-points of issue 16 a test can see outside a browser (tests/test_browser_lab.py sees the rest)."""
-from pathlib import Path
+points of issue 16 a test can see outside a browser (tests/course/test_browser_lab.py sees the rest)."""
 
 import nbformat
 import pytest
 
+from conftest import REPO as ROOT
 from ddp_lab.course.magic import ddp_cell
 from ddp_lab.course.registry import get_scenario
 from ddp_lab.course.widgets import TEXT_LIMIT, panel_text, scenario_panel
 
-ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 WIDGET = "application/vnd.jupyter.widget-view+json"
 

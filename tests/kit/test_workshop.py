@@ -7,11 +7,11 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
 
+from conftest import REPO as ROOT
 from ddp_lab.cli import main
 from ddp_lab.kit.coursebook import lesson_notebooks, student_copy, tags
 from ddp_lab.kit.guide import agenda, _short_order, slot_minutes
 
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def _cell(kind, source, *tag_names, output=None):

@@ -1,4 +1,4 @@
-"""ddp_lab.instruments.logs: rank 0 on the console, all ranks on request with a rank prefix, every rank in
+"""The rank-aware logger (ddp_lab.instruments.logs): rank 0 on the console, all ranks on request with a rank prefix, every rank in
 its own record (the rank's stderr under the launcher, a file with log_dir), read back from the
 RunResult. Distributed tests are a public test plus a per-rank function."""
 from __future__ import annotations
