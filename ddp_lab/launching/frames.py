@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import re
+import sysconfig
 
 PACKAGE = __name__.split(".")[0]  # "ddp_lab"
 _LAUNCHING = __name__.rpartition(".")[0]  # this package
@@ -91,3 +92,23 @@ def main_thread_frames(stack: str) -> list[tuple[str, str]]:
     main = [b for b in blocks if "<module>" in b or RANK_ENTRY in b]
     block = main[0] if main else (blocks[0] if blocks else "")
     return [(f, fn) for f, _, fn in FRAME.findall(block)]
+
+
+_STDLIB = tuple({os.path.abspath(sysconfig.get_paths()[k]) + os.sep
+                 for k in ("stdlib", "platstdlib")})
+
+
+def without_passing_threads(stack: str) -> str:
+    """A faulthandler dump without the threads that only run Python's own library (a weakref
+    callback, a queue feeder between two items): they come and go by timing, so a stopped
+    rank's dump would read differently from run to run. The main thread always stays, and every
+    thread with a frame of torch, of ours or of the user's."""
+    blocks = re.split(r"\n(?=(?:Current thread|Thread) 0x)", stack)
+    main = next((b for b in blocks if "<module>" in b or RANK_ENTRY in b), blocks[0])
+
+    def passing(block: str) -> bool:
+        files = [f for f, _, _ in FRAME.findall(block)]
+        return bool(files) and all(f.startswith(_STDLIB) or f.startswith("<frozen")
+                                   for f in files)
+
+    return "\n".join(b for b in blocks if b is main or not passing(b))

@@ -12,7 +12,7 @@ import signal
 from dataclasses import dataclass
 from typing import Any
 
-from .frames import FRAME, launchers, main_thread_frames
+from .frames import FRAME, launchers, main_thread_frames, without_passing_threads
 from .sanitize import sanitize
 from .display import run_result_html
 
@@ -151,7 +151,7 @@ class RankResult:
 
     def stack_summary(self) -> str:
         """The stack dump, sanitized, without the launcher's own frames below the function."""
-        keep = [line for line in self.stack.splitlines()
+        keep = [line for line in without_passing_threads(self.stack).splitlines()
                 if not ((m := FRAME.search(line)) and launchers(m[1], m[3]))]
         return sanitize("\n".join(keep).strip())
 

@@ -32,3 +32,23 @@ def test_a_returned_exception_is_a_value_not_an_error():
     result = launch(body.return_an_exception, init_process_group=False)
     assert result.status == "ok"
     assert [type(v).__name__ for v in result.values] == ["KeyError", "KeyError"]
+
+
+def test_a_stopped_ranks_stack_leaves_out_threads_that_only_run_pythons_library():
+    """A weakref callback's thread, caught by the dump or not by timing, must not change what a
+    notebook prints; the main thread and any thread in torch (or ours) stay."""
+    import sysconfig
+
+    from ddp_lab.launching.frames import without_passing_threads
+
+    std = sysconfig.get_paths()["stdlib"]
+    main = ('Current thread 0x2 (most recent call first):\n'
+            '  File "/x/torch/distributed/distributed_c10d.py", line 3 in all_reduce\n'
+            '  File "<string>", line 1 in <module>\n')
+    worker = ('Thread 0x3 (most recent call first):\n'
+              '  File "/x/torch/utils/data/_utils/pin_memory.py", line 3 in _pin_memory_loop\n')
+    passing = f'Thread 0x1 (most recent call first):\n  File "{std}/_weakrefset.py", line 45 in _remove\n'
+    kept = without_passing_threads(passing + "\n" + main + "\n" + worker)
+    assert "_weakrefset" not in kept
+    assert "all_reduce" in kept and "_pin_memory_loop" in kept
+    assert without_passing_threads(main) == main
