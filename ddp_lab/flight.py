@@ -26,6 +26,7 @@ import os
 import pickle
 import re
 import threading
+import time
 from dataclasses import dataclass
 
 ENV = "TORCH_FR_BUFFER_SIZE"  # entries kept per rank (a ring buffer: the newest are kept)
@@ -129,6 +130,8 @@ def arm(spec: dict) -> None:
         return
 
     def wait_and_dump():
+        with open(spec["flight"] + ".tid", "w") as f:  # the launcher waits for it to end
+            f.write(str(threading.get_native_id()))
         try:
             fd = os.open(fifo, os.O_RDONLY)  # blocks, GIL released, until the launcher asks
             os.close(fd)
@@ -136,6 +139,19 @@ def arm(spec: dict) -> None:
             return
         _dump(spec["flight"])
     threading.Thread(target=wait_and_dump, name="ddp-lab-flight-recorder", daemon=True).start()
+
+
+def wait_thread_gone(paths: dict, pid: int, until: float) -> None:
+    """In the launcher, after a hung rank dumped its record: wait (until `until`) for its dump
+    thread to have exited, so the stack dump that follows lists the rank's own threads only
+    (on a loaded machine the thread can still be ending; Linux's /proc shows it)."""
+    try:
+        with open(paths["flight"] + ".tid") as f:
+            task = f"/proc/{pid}/task/{f.read().strip()}"
+    except (OSError, KeyError):
+        return
+    while os.path.exists(task) and time.time() < until:
+        time.sleep(0.005)
 
 
 def dump_at_exit(spec: dict) -> None:

@@ -310,6 +310,8 @@ def _stop(running: list[_Rank], why: str) -> None:
     until = time.time() + STACK_WAIT
     while time.time() < until and not all(os.path.exists(rk.paths["flight"]) for rk in asked):
         time.sleep(0.01)
+    for rk in asked:  # its dump thread gone: the stacks below show the rank's own threads
+        flight.wait_thread_gone(rk.paths, rk.handle.pid, until)
     for rk in running:
         try:
             os.kill(rk.handle.pid, _signal.SIGUSR1)  # faulthandler dumps every thread's stack

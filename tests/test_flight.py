@@ -57,6 +57,8 @@ def test_third_all_reduce_on_rank0_only_is_named_in_the_report():
     assert repr(result).splitlines()[-1] == "  " + line
     assert line in result.describe_failure() and line in result._repr_html_()
     assert "3    all_reduce [4] float32   -  <- the ranks part here" in parting.table(result.ranks)
+    for r in result.ranks:  # the dump thread had ended before the stacks were taken
+        assert "_bootstrap_inner" not in r.stack and "wait_and_dump" not in r.stack, r.stack
 
 
 def test_op_mismatch_is_named_by_torchs_analyser():
