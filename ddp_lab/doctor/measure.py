@@ -129,7 +129,8 @@ def _batchnorm(bn, when: str, bn_sizes: dict) -> Finding:
         "info", "batchnorm-buffers-differ", "08",
         f"BatchNorm running statistics differ between ranks {when}", [per_layer] + _fmt(bn)
         + ["each rank normalises with its own batch; DDP copies rank 0's buffers to the others "
-           "at the start of every forward, so checkpoints from rank 0 are consistent"],
+           "at the start of each forward that follows a grad-enabled one, so checkpoints from "
+           "rank 0 are consistent"],
         "nothing to do with batches this large; with small per-rank batches use "
         "nn.SyncBatchNorm (GPU)")
 

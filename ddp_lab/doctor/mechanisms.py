@@ -147,8 +147,9 @@ def _shape_follows_input(recs) -> tuple[list[Finding], dict[str, set]]:
             f"{label}(s) {names(differ, 3)} take their shape from each rank's input", ev
             + ["with per-rank lengths the ranks hold different shapes: a checkpoint from rank 0 "
                "does not match the others"] + ([
-                "DDP broadcasts rank 0's buffers to the others before every forward "
-                "(broadcast_buffers=True): with shapes that differ that broadcast is "
+                "DDP broadcasts rank 0's buffers to the others before each forward that "
+                "follows a grad-enabled one (broadcast_buffers=True): with shapes that differ "
+                "that broadcast is "
                 "size-mismatched (gloo aborts the process; NCCL can hang or corrupt memory)"]
                 if kind == "buffer" else []),
             "size caches from a maximum length fixed in __init__ and slice them in forward; "

@@ -153,9 +153,10 @@ FIX_TIE = ("keep the tie inside one unit (a child module that owns the weight an
            "of it), or shard the modules that share it as one unit: fully_shard([a, b])")
 
 
-FIX_DTYPE = ("FSDP2's MixedPrecisionPolicy casts parameters only: buffers and tensors the "
-             "module keeps stay float32 and turn activations back to float32; compute with them "
-             "in float32 and cast the result to the activation's dtype (h.dtype)")
+FIX_DTYPE = ("FSDP2's MixedPrecisionPolicy casts parameters and each unit's floating-point "
+             "inputs, not buffers or tensors the module keeps: they stay float32 and turn "
+             "activations back to float32; compute with them in float32 and cast the result to "
+             "the activation's dtype (h.dtype)")
 
 
 def findings(v: dict, strategy: str) -> list[Finding]:

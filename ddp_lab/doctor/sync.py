@@ -1,6 +1,6 @@
 """How the ranks of a doctor run report and compare notes: `emit` writes a record to the rank's
 stdout (the launcher brings it back even from a rank that fails later), `records` reads them
-back. The comparisons themselves (`ddp_lab.probes.gather`, `named_drift`) run on a process
+back. The comparisons themselves (`ddp_lab.instruments.probes.gather`, `named_drift`) run on a process
 group of the doctor's own (`new_group`), so that a module whose collectives are out of step
 with the other ranks cannot pair them with the doctor's."""
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Watching one forward and backward pass from inside a rank: tensors created in `forward`
 without a device, `nn.Parameter`s created in `forward`, collectives called from `forward`
-(recorded with `ddp_lab.probes.record_collectives`), reentrant checkpoints and custom autograd
+(recorded with `ddp_lab.instruments.probes.record_collectives`), reentrant checkpoints and custom autograd
 Functions in the graph, and the warnings PyTorch gave. Everything is reported as plain data."""
 from __future__ import annotations
 

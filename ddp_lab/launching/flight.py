@@ -1,11 +1,19 @@
 """PyTorch's flight recorder in every launch: each rank's recorded collectives, and where the
 ranks part.
 
-With `TORCH_FR_BUFFER_SIZE` set before the process group is created, torch records every
-collective a rank enters (gloo and NCCL alike); `torch._C._distributed_c10d._dump_fr_trace()`
-returns the record. A rank dumps it when its function returns or raises, and, when the launcher
-stops a hung rank, from a daemon thread that waits on a FIFO: the main thread is then blocked
-inside a C++ collective (the wait releases the GIL), where no Python signal handler would run.
+torch records every collective a rank enters (gloo and NCCL alike) by default: its ring buffer
+holds `TORCH_FR_BUFFER_SIZE` entries (the older name `TORCH_NCCL_TRACE_BUFFER_SIZE` is still
+read), 2000 when neither is set, and 0 turns recording off (torch 2.13's
+torch/csrc/distributed/c10d/FlightRecorder.hpp:110-114). So ddp_lab sets nothing: a rank dumps
+its record (`torch._C._distributed_c10d._dump_fr_trace()`) for every launch unless recording is
+off -- when its function returns or raises, and, when the launcher stops a hung rank, from a
+daemon thread that waits on a FIFO: the main thread is then blocked inside a C++ collective (the
+wait releases the GIL), where no Python signal handler would run.
+
+With `TORCH_FR_DUMP_TEMP_FILE` set (a path prefix), the rank also writes its record to that
+prefix followed by its rank, the file name NCCL's watchdog gives its own dumps, so that PyTorch's
+analyser (`python -m torch.distributed.flight_recorder.fr_trace DIR`) reads the folder. On gloo,
+torch 2.13 writes no such file itself, not even on gloo's own timeout (measured).
 
 The launcher parses the record into plain `Collective`s (they pickle without torch.distributed),
 and `divergence` finds the first collective where the ranks differ: one rank entered it and another
@@ -18,10 +26,13 @@ import os
 import pickle
 import re
 import threading
+import time
 from dataclasses import dataclass
 
-ENV = "TORCH_FR_BUFFER_SIZE"
-BUFFER = "2000"  # collectives kept per rank (a ring buffer: the newest are kept)
+ENV = "TORCH_FR_BUFFER_SIZE"  # entries kept per rank (a ring buffer: the newest are kept)
+OLD_ENV = "TORCH_NCCL_TRACE_BUFFER_SIZE"  # its older name; ENV wins when both are set
+DEFAULT = 2000  # torch's default size when neither is set
+FILE_ENV = "TORCH_FR_DUMP_TEMP_FILE"  # a path prefix: the dump of rank r is PREFIX + str(r)
 _DTYPES = {"Float": "float32", "Double": "float64", "Half": "float16", "BFloat16": "bfloat16",
            "Long": "int64", "Int": "int32", "Byte": "uint8", "Bool": "bool", "Char": "int8"}
 
@@ -84,8 +95,13 @@ def parse(blob: bytes) -> list[Collective]:
 # --- in the rank -------------------------------------------------------------------------------
 
 def enabled() -> bool:
-    """Whether this process records collectives (`TORCH_FR_BUFFER_SIZE` set and not 0)."""
-    return os.environ.get(ENV, "").strip() not in ("", "0")
+    """Whether this process records collectives, read as torch reads it: `TORCH_FR_BUFFER_SIZE`,
+    else `TORCH_NCCL_TRACE_BUFFER_SIZE`, else 2000; recording is on when that is above 0."""
+    size = os.environ.get(ENV, os.environ.get(OLD_ENV, str(DEFAULT)))
+    try:
+        return int(size) > 0
+    except ValueError:  # torch itself refuses the value when it creates the process group
+        return False
 
 
 def _dump(path: str) -> None:
@@ -96,10 +112,14 @@ def _dump(path: str) -> None:
         blob = torch._C._distributed_c10d._dump_fr_trace(includeStackTraces=False)
     except Exception:  # no recorder in this build, or no process group: nothing to record
         return
-    tmp = f"{path}.{threading.get_ident()}.tmp"
-    with open(tmp, "wb") as f:
-        f.write(blob)
-    os.replace(tmp, path)
+    paths = [path]
+    if os.environ.get(FILE_ENV):  # where NCCL's watchdog would write this rank's dump
+        paths.append(os.environ[FILE_ENV] + os.environ.get("RANK", "0"))
+    for target in paths:
+        tmp = f"{target}.{threading.get_ident()}.tmp"
+        with open(tmp, "wb") as f:
+            f.write(blob)
+        os.replace(tmp, target)
 
 
 def arm(spec: dict) -> None:
@@ -110,6 +130,8 @@ def arm(spec: dict) -> None:
         return
 
     def wait_and_dump():
+        with open(spec["flight"] + ".tid", "w") as f:  # the launcher waits for it to end
+            f.write(str(threading.get_native_id()))
         try:
             fd = os.open(fifo, os.O_RDONLY)  # blocks, GIL released, until the launcher asks
             os.close(fd)
@@ -117,6 +139,19 @@ def arm(spec: dict) -> None:
             return
         _dump(spec["flight"])
     threading.Thread(target=wait_and_dump, name="ddp-lab-flight-recorder", daemon=True).start()
+
+
+def wait_thread_gone(paths: dict, pid: int, until: float) -> None:
+    """In the launcher, after a hung rank dumped its record: wait (until `until`) for its dump
+    thread to have exited, so the stack dump that follows lists the rank's own threads only
+    (on a loaded machine the thread can still be ending; Linux's /proc shows it)."""
+    try:
+        with open(paths["flight"] + ".tid") as f:
+            task = f"/proc/{pid}/task/{f.read().strip()}"
+    except (OSError, KeyError):
+        return
+    while os.path.exists(task) and time.time() < until:
+        time.sleep(0.005)
 
 
 def dump_at_exit(spec: dict) -> None:

@@ -77,19 +77,20 @@ def launch(fn: Callable, *args, world_size: int = 2, backend: str = "auto",
     """Run `fn(*args, **kwargs)` once per rank, each rank a fresh process, and return a
     `RunResult` with every rank's status, value or error, output and (if it hung) stack.
 
-    `timeout` (default 60 s; giving one turns on the flight recorder) bounds each rank's run,
+    `timeout` (default 60 s) bounds each rank's run,
     counted from the moment that rank is ready (its imports and process-group set-up done, just
     before it calls `fn`), so neither a cold fork server nor a loaded machine eats into it; a rank that never gets ready is stopped `STARTUP_LIMIT` s
     after it started. Once every running rank's time is up, their stacks are captured and they
     are killed. After a rank fails, the others get `grace` seconds to finish or fail on their
-    own before they are stopped the same way.
+    own before they are stopped the same way. Each rank's flight record (the collectives torch
+    records by default; `env={"TORCH_FR_BUFFER_SIZE": "0"}` turns it off) comes back in
+    `RankResult.collectives`.
 
     Keyword arguments named like an option of `launch` (`timeout`, `env`, `label`, ...) are
     taken by `launch`; bind such an argument first: `launch(functools.partial(fn, timeout=3))`.
     """
-    # A timeout the caller chose turns on PyTorch's flight recorder (it costs a warm launch a
-    # few per cent; see README): each rank's collectives then come back in `collectives`.
-    record = timeout is not None
+    # torch records every collective by default (TORCH_FR_BUFFER_SIZE, 2000 entries; 0: off):
+    # each rank dumps its record for every launch, into `collectives` (flight.py; README).
     timeout = DEFAULT_TIMEOUT if timeout is None else timeout
     _validate_args(fn, world_size, timeout, env, start_method, grace)
     if native_stacks:
@@ -112,7 +113,7 @@ def launch(fn: Callable, *args, world_size: int = 2, backend: str = "auto",
         for attempt in (1, 2):
             store = _rendezvous_store(timeout)
             spec = _LaunchSpec(os.path.join(workdir, str(attempt)), payload,
-                               _base_env(env, world_size, store.port, record),
+                               _base_env(env, world_size, store.port),
                                backend, timeout, init_process_group, start_method, world_size)
             os.mkdir(spec.workdir)
             try:
@@ -224,11 +225,8 @@ def _rendezvous_store(timeout: float):
                     timeout=timedelta(seconds=timeout + PG_TIMEOUT_MARGIN))
 
 
-def _base_env(env: dict, world_size: int, port: int, record: bool) -> dict:
-    base = dict(os.environ, **env, **_rendezvous_env(world_size, port))
-    if record:
-        base.setdefault(flight.ENV, flight.BUFFER)  # unless the caller set it (0: off)
-    return base
+def _base_env(env: dict, world_size: int, port: int) -> dict:
+    return dict(os.environ, **env, **_rendezvous_env(world_size, port))
 
 
 def _rendezvous_env(world_size: int, port: int) -> dict[str, str]:
@@ -312,6 +310,8 @@ def _stop(running: list[_Rank], why: str) -> None:
     until = time.time() + STACK_WAIT
     while time.time() < until and not all(os.path.exists(rk.paths["flight"]) for rk in asked):
         time.sleep(0.01)
+    for rk in asked:  # its dump thread gone: the stacks below show the rank's own threads
+        flight.wait_thread_gone(rk.paths, rk.handle.pid, until)
     for rk in running:
         try:
             os.kill(rk.handle.pid, _signal.SIGUSR1)  # faulthandler dumps every thread's stack

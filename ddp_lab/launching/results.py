@@ -88,7 +88,7 @@ class RankResult:
     seconds: float = 0.0
     failed_at: float | None = None  # wall-clock time of the failure, for root-cause ordering
     note: str = ""  # why the launcher stopped this rank, when it did
-    # What the flight recorder saw this rank enter (ddp_lab.flight.Collective, oldest first);
+    # What the flight recorder saw this rank enter (ddp_lab.launching.flight.Collective, oldest first);
     # None when it left no record.
     collectives: list | None = None
     native_stack: str = ""  # py-spy's native stack when it hung (launch(native_stacks=True))

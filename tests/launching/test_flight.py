@@ -58,6 +58,8 @@ def test_third_all_reduce_on_rank0_only_is_named_in_the_report():
     assert repr(result).splitlines()[-1] == "  " + line
     assert line in result.describe_failure() and line in result._repr_html_()
     assert "3    all_reduce [4] float32   -  <- the ranks part here" in divergence.table(result.ranks)
+    for r in result.ranks:  # the dump thread had ended before the stacks were taken
+        assert "_bootstrap_inner" not in r.stack and "wait_and_dump" not in r.stack, r.stack
 
 
 def test_op_mismatch_is_named_by_torchs_analyser():
@@ -78,10 +80,15 @@ def test_size_mismatch_is_found_in_a_run_that_returned():
     assert "flight recorder" not in repr(result)  # the text of a run that did not time out is unchanged
 
 
-def test_without_a_timeout_nothing_is_recorded_and_results_pickle_without_torch(tmp_path):
-    assert all(r.collectives is None for r in launch(size_mismatch).ranks)  # recorder off
-    result = launch(size_mismatch, timeout=20, env={"TORCH_FR_BUFFER_SIZE": "0"})
-    assert all(r.collectives is None for r in result.ranks)
+def test_a_plain_launch_records_and_buffer_size_0_turns_it_off(tmp_path):
+    """torch records by default (TORCH_FR_BUFFER_SIZE unset: 2000 entries, torch 2.13's
+    FlightRecorder.hpp:110-114): a launch without a timeout brings the record back too; 0, under
+    either name torch reads, turns recording off and the launcher finds no record."""
+    plain = launch(size_mismatch)
+    assert [c.op for c in plain.ranks[1].collectives] == ["all_reduce", "broadcast"]
+    for name in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"):
+        off = launch(size_mismatch, env={name: "0"})
+        assert all(r.collectives is None for r in off.ranks), name
     result = launch(size_mismatch, timeout=20)
     path = tmp_path / "run.pkl"
     result.save(path)
@@ -90,6 +97,18 @@ def test_without_a_timeout_nothing_is_recorded_and_results_pickle_without_torch(
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "broadcast [8] float32"
     assert isinstance(pickle.loads(pickle.dumps(result)).ranks[0].collectives[0], Collective)
+
+
+def test_a_hung_ranks_record_lands_at_the_dump_prefix_plus_its_rank(tmp_path):
+    """TORCH_FR_DUMP_TEMP_FILE=PREFIX: each rank's record, dumped when the launcher stops it,
+    is also written to PREFIX + rank (the name NCCL's watchdog uses), readable as torch wrote it."""
+    result = launch(third_all_reduce_on_rank0, timeout=3,
+                    env={"TORCH_FR_DUMP_TEMP_FILE": str(tmp_path / "trace_")})
+    assert result.status == "timeout"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["trace_0", "trace_1"]
+    for r in result.ranks:
+        entries = pickle.loads((tmp_path / f"trace_{r.rank}").read_bytes())["entries"]
+        assert [e["collective_seq_id"] for e in entries] == [c.seq for c in r.collectives]
 
 
 def test_the_doctors_hang_finding_carries_the_flight_recorder_table():

@@ -4,6 +4,7 @@ figure. Runs are shared through conftest's `runs` fixture."""
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 
@@ -28,11 +29,29 @@ def test_tie_across_units_fails_on_every_rank_in_the_tied_projection(runs):
     assert losses[1] < losses[0]
 
 
-def test_registered_tie_is_refused_by_fully_shard_with_its_advice():
+def test_registered_tie_is_refused_at_the_roots_first_forward_not_by_fully_shard():
+    """Every fully_shard call succeeds; FSDP2's lazy init in the root's first forward raises
+    (torch 2.13 fsdp/_fully_shard/_fsdp_state.py:210 _lazy_init -> :223)."""
     result = LESSON.scenario("tied_across_units").broken.with_kwargs(
         model_cls=l12.RegisteredTie).run()
-    assert result.root_cause.error.type == "ValueError"
-    assert "use fully_shard([module_a, module_b])" in result.root_cause.error.message
+    err = result.root_cause.error
+    assert err.type == "ValueError"
+    assert "use fully_shard([module_a, module_b])" in err.message
+    frames = re.findall(r"line \d+, in (\w+)\n +(.*)", err.traceback)
+    assert frames[0] == ("train_tied", "model(tokens(rank)).flatten(0, 1), tokens(rank + 10).flatten())")
+    assert [f for f, _ in frames[-3:]] == ["_root_pre_forward", "_lazy_init",
+                                          "_validate_no_duplicate_params"]
+    assert not any(f in ("shard", "fully_shard") for f, _ in frames)
+
+
+def test_both_norm_fixes_are_exact_and_the_cheap_one_reduces_one_number(runs):
+    """norm().full_tensor() all-reduces a scalar; full_tensor().norm() all-gathers the weight
+    (read from each run's flight record: the read is the run's last collective)."""
+    cheap = runs("read_outside_forward", "fixed")
+    whole = LESSON.scenario("read_outside_forward").fixed.with_kwargs(read=l12.norm_of_full).run()
+    assert max(v["norm_error"] for v in cheap.values + whole.values) < 1e-6
+    assert str(cheap.ranks[0].collectives[-1]) == "all_reduce [] float32"
+    assert str(whole.ranks[0].collectives[-1]) == "all_gather [2, 64] float32"
 
 
 def test_the_logged_norm_is_each_ranks_shard(runs):
@@ -65,9 +84,10 @@ def test_zero3_parameters_are_empty_outside_forward(runs):
 def test_memory_per_rank_against_the_formula(runs):
     values = runs("memory_per_rank", "fixed").values
     psi = values[0]["psi"]
-    for v in values:
+    for v in values:  # + one step counter per tensor; DDP's buckets: one more gradient copy
         assert v["bytes"]["ddp"] == {"params": 4 * psi, "grads": 4 * psi,
-                                     "optim": 8 * psi + 6 * 4}  # + one step counter per tensor
+                                     "optim": 8 * psi + 6 * 4, "buckets": 4 * psi}
+        assert v["bytes"]["zero1"]["buckets"] == 4 * psi and "buckets" not in v["bytes"]["fsdp2"]
         for part, want in l12.formula_bytes(3, psi, 2).items():
             assert v["bytes"]["fsdp2"][part] == pytest.approx(want, abs=64)
     for v in values:  # DeepSpeed stage 3: the formula, plus a float32 master partition
@@ -120,3 +140,18 @@ def test_uneven_forwards_hang_in_deepspeeds_fetch_and_agreeing_fixes_it(runs):
     assert "site-packages" not in broken.ranks[0].stack_text(12)  # no machine path shown
     fixed = runs("zero3_uneven_forwards", "fixed").values
     assert [(v["wanted"], v["forwards"]) for v in fixed] == [(3, 3), (2, 3)]
+
+
+def test_a_gathered_edit_after_initialize_is_undone_by_the_step_and_the_master_edit_is_not(runs):
+    """ZeRO-3 keeps a float32 master partition apart from the weights forward uses (float32
+    training, DeepSpeed 0.19.8): a GatheredParameters(modifier_rank=0) write after initialize is
+    seen, then the step copies the master back; safe_set_full_fp32_param sets the master, seen
+    after the step; under zero.Init, before initialize, modifier_rank sticks."""
+    lost, kept = (runs("zero3_edit_after_initialize", w).values for w in ("broken", "fixed"))
+    for v in lost:
+        assert v["off_before_step"] < 1e-6 and v["off_after_step"] > 0.5
+    for v in kept:
+        assert v["off_before_step"] > 0.5 and v["off_after_step"] < 0.01
+    before = LESSON.scenario("zero3_edit_after_initialize").broken.with_kwargs(
+        before_initialize=True).run()
+    assert before.ok and all(v["off_after_step"] < 0.01 for v in before.values)

@@ -1,4 +1,4 @@
-"""Two memory measurements lesson 05 needs beside `ddp_lab.probes`: the bytes autograd still
+"""Two memory measurements lesson 05 needs beside `ddp_lab.instruments.probes`: the bytes autograd still
 holds for backward at any moment, and a peak resident memory that can be reset.
 
 Both measure; neither changes what training computes.

@@ -14,22 +14,23 @@ from .modules import (Adapted, Gated, GatedFixed, RegisteredTie, Scaled, ScaledF
                       TiedLMFixed, adapted, features, mlp, scaled_net, scaled_net_fixed,
                       tokens, units)
 from .runs import (count_collectives, freeze_base, full_state_dict, log_weight_norm,
-                   mixed_precision, norm_of_full, norm_of_shard, save_and_reload, shard,
-                   state_dict_as_is, train_adapted, train_tied)
+                   mixed_precision, norm_of_full, norm_of_shard, norm_reduced, save_and_reload,
+                   shard, state_dict_as_is, train_adapted, train_tied)
 from .runs_memory import STAGES, formula_bytes, memory_per_rank, storage_bytes
-from .runs_zero3 import (DEEPSPEED_MODULES, agreed_length, generate, own_length, read_as_is,
-                         read_gathered, squares, wanted_length, zero3_engine, zero3_penalty)
+from .runs_zero3 import (DEEPSPEED_MODULES, edit_gathered, edit_master, generate, read_as_is,
+                         read_gathered, squares, until_all_end, until_mine_ends, wanted_length,
+                         zero3_edit, zero3_engine, zero3_penalty)
 
 __all__ = ["LESSON", "TiedLM", "TiedLMFixed", "RegisteredTie", "Gated", "GatedFixed", "mlp",
            "units", "tokens", "features", "shard", "train_tied", "log_weight_norm",
-           "norm_of_shard", "norm_of_full", "save_and_reload", "state_dict_as_is",
+           "norm_of_shard", "norm_of_full", "norm_reduced", "save_and_reload", "state_dict_as_is",
            "full_state_dict", "zero3_engine", "zero3_penalty", "squares", "read_as_is",
            "read_gathered", "memory_per_rank", "formula_bytes", "storage_bytes", "STAGES",
            "figures", "draw_memory", "Adapted", "adapted", "Scaled", "ScaledFixed", "scaled_net",
            "scaled_net_fixed",
            "count_collectives", "freeze_base", "train_adapted", "mixed_precision",
-           "DEEPSPEED_MODULES", "generate", "own_length", "agreed_length", "wanted_length",
-           "prewarm_deepspeed"]
+           "DEEPSPEED_MODULES", "generate", "until_mine_ends", "until_all_end", "wanted_length",
+           "zero3_edit", "edit_gathered", "edit_master", "prewarm_deepspeed"]
 
 MIXED = r"got mixed torch\.Tensor and DTensor, need to convert all torch\.Tensor to DTensor"
 DS_TIMEOUT = 120.0  # deepspeed.initialize costs a rank seconds (more on a loaded machine)
@@ -82,10 +83,11 @@ LESSON = Lesson(
                                                         metric_rank=None)),
                  fixed=Variant(log_weight_norm, Expect("ok", metric="norm_error", below=1e-6,
                                                        metric_rank=None),
-                               kwargs={"read": norm_of_full}),
+                               kwargs={"read": norm_reduced}),
                  module=ModuleCase(Gated, GatedFixed, features, strategy="fsdp2"),
                  summary="outside forward a weight is this rank's shard: its norm is silently "
-                         "wrong and differs per rank; read weight.full_tensor() on every rank"),
+                         "wrong and differs per rank; reduce it, weight.norm().full_tensor(), "
+                         "on every rank (or gather the weight, weight.full_tensor())"),
         Scenario("frozen_part_in_unit", "A frozen part inside an FSDP2 unit",
                  broken=Variant(train_adapted, Expect("ok", metric="frozen_reduced_bytes",
                                                       above=100, metric_rank=None)),
@@ -104,8 +106,9 @@ LESSON = Lesson(
                                kwargs={"model_cls": ScaledFixed}),
                  module=ModuleCase(scaled_net, scaled_net_fixed, features, amp="bf16",
                                    strategy="fsdp2"),
-                 summary="MixedPrecisionPolicy casts parameters, not buffers or plain tensors: "
-                         "h * scale is float32 again; compute in float32 and cast back"),
+                 summary="MixedPrecisionPolicy casts parameters and each unit's floating-point "
+                         "inputs, not buffers or plain tensors: h * scale is float32 again; "
+                         "compute in float32 and cast back"),
         Scenario("sharded_state_dict", "A sharded model's state_dict loaded into a plain module",
                  broken=Variant(save_and_reload, Expect("error", "RuntimeError",
                                                         r"aten\.copy_\.default " + MIXED,
@@ -122,15 +125,26 @@ LESSON = Lesson(
                                kwargs={"gather": read_gathered}, timeout=DS_TIMEOUT),
                  summary="outside forward a ZeRO-3 parameter has shape (0,): the penalty is "
                          "silently 0.0; read it inside deepspeed.zero.GatheredParameters"),
+        Scenario("zero3_edit_after_initialize", "A weight edited after deepspeed.initialize "
+                 "under ZeRO-3",
+                 broken=Variant(zero3_edit, Expect("ok", metric="off_after_step", above=0.1,
+                                                   metric_rank=None), timeout=DS_TIMEOUT),
+                 fixed=Variant(zero3_edit, Expect("ok", metric="off_after_step", below=0.01,
+                                                  metric_rank=None),
+                               kwargs={"edit": edit_master}, timeout=DS_TIMEOUT),
+                 summary="GatheredParameters(modifier_rank=0) after initialize changes the "
+                         "weights forward uses, and the next step overwrites them from the "
+                         "float32 master copy; set that copy, safe_set_full_fp32_param"),
         Scenario("zero3_uneven_forwards", "ZeRO-3 ranks that run forward a different number "
                  "of times",
                  broken=Variant(generate, Expect("timeout", match="fetch_sub_module", ranks=(0,)),
                                 timeout=DS_TIMEOUT),
                  fixed=Variant(generate, Expect("ok", metric="outputs_all_ranks", above=4.5,
                                                 below=5.5),
-                               kwargs={"length": agreed_length}, timeout=DS_TIMEOUT),
+                               kwargs={"keep_going": until_all_end}, timeout=DS_TIMEOUT),
                  summary="each ZeRO-3 forward gathers weights from every rank: a rank that "
-                         "runs one more forward waits forever; agree on the loop length"),
+                         "runs one more forward waits forever; all-reduce a 'finished' flag "
+                         "every step and loop while any rank is not"),
         Scenario("memory_per_rank", "Bytes per rank: DDP, ZeRO-1, FSDP2 and DeepSpeed's stages",
                  broken=Variant(memory_per_rank, Expect("ok", metric="unsharded_share",
                                                         above=0.95)),

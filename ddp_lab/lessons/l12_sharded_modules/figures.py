@@ -7,8 +7,9 @@ from matplotlib.patches import Patch
 from ...course.plots import figure
 
 PARTS = {"params": "parameters", "grads": "gradients",
-         "optim": "Adam state (+ DeepSpeed's float32 master copy)"}
-COLOURS = {"params": "#2980b9", "grads": "#e67e22", "optim": "#27ae60"}
+         "optim": "Adam state (+ DeepSpeed's float32 master copy)",
+         "buckets": "DDP's gradient buckets (not in the formula)"}
+COLOURS = {"params": "#2980b9", "grads": "#e67e22", "optim": "#27ae60", "buckets": "#95a5a6"}
 LABELS = {"ddp": "DDP\n(stage 0)", "zero1": "ZeRO-1 (torch)\n(stage 1)",
           "fsdp2": "FSDP2\n(stage 3)", "ds1": "DeepSpeed\nstage 1", "ds2": "DeepSpeed\nstage 2",
           "ds3": "DeepSpeed\nstage 3"}
@@ -29,7 +30,7 @@ def draw_memory(value: list[dict], world_size: int = 2):
         for label, parts in group:
             bottom = 0.0
             for part, colour in COLOURS.items():
-                kib = parts[part] / 1024
+                kib = parts.get(part, 0) / 1024
                 ax.bar(x, kib, bottom=bottom, color=colour, width=0.8, edgecolor="white",
                        hatch="//" if label == "formula" else None)
                 bottom += kib
@@ -45,7 +46,7 @@ def draw_memory(value: list[dict], world_size: int = 2):
     ax.set_ylabel("bytes held on the rank (KiB)")
     ax.set_xlabel("measured on each rank (solid) beside the ZeRO formula (hatched)")
     handles = [Patch(color=c, label=PARTS[p]) for p, c in COLOURS.items()]
-    ax.legend(handles=handles, fontsize=8, loc="upper center", ncol=3)
+    ax.legend(handles=handles, fontsize=8, loc="upper center", ncol=4)
     ax.grid(axis="y", alpha=0.3)
     return fig
 

@@ -45,8 +45,15 @@ def norm_of_shard(weight) -> float:
 
 
 def norm_of_full(weight) -> float:
-    """The fix: gather the whole weight first (a collective: every rank must call it)."""
+    """A fix: gather the whole weight first (a collective: every rank must call it)."""
     return float(weight.full_tensor().norm())
+
+
+def norm_reduced(weight) -> float:
+    """The cheap fix: each rank takes its shard's part of the norm (a DTensor with a partial
+    placement) and `full_tensor()` reduces that one number across the ranks (a collective:
+    every rank must call it)."""
+    return float(weight.norm().full_tensor())
 
 
 def log_weight_norm(read=norm_of_shard, steps: int = 2) -> dict:

@@ -12,21 +12,29 @@ import torch
 from ...launching.rankinfo import rank_info, restart_clock
 from .modules import features, mlp
 
-CONFIG = {"train_micro_batch_size_per_gpu": 8, "zero_optimization": {"stage": 3},
-          # a torch optimizer: DeepSpeed refuses one it has not tested unless told
-          "zero_allow_untested_optimizer": True}
+# torch.optim.Adam is in DeepSpeed 0.19.8's ZERO_SUPPORTED_OPTIMIZERS (runtime/zero/utils.py:45-48):
+# no "zero_allow_untested_optimizer" needed (an optimizer outside that list, SGD, would need it).
+CONFIG = {"train_micro_batch_size_per_gpu": 8, "zero_optimization": {"stage": 3}}
 
 
-def zero3_engine(model, stage: int = 3):
-    """`deepspeed.initialize` on the launcher's gloo group (DeepSpeed picks its CPU
-    accelerator when there is no GPU). On CPU, refuses to start if DeepSpeed's C++ op is not
-    built yet, rather than compile it for minutes inside this rank (`ddp-lab build-ops`)."""
+def deepspeed_ready():
+    """DeepSpeed imported and its communication set up on the launcher's group (gloo on CPU,
+    NCCL on GPUs). DeepSpeed's accelerator comes from `DS_ACCELERATOR` or its own detection
+    (deepspeed/accelerator/real_accelerator.py:59-60, 214), CPU here. On CPU, refuses to start if
+    DeepSpeed's C++ op is not built yet, rather than compile it for minutes inside this rank
+    (`ddp-lab build-ops`)."""
     if not torch.cuda.is_available():
         from ...instruments.deepspeed_ops import require_built
         require_built()
     import deepspeed
 
     deepspeed.init_distributed(dist_backend="gloo" if not torch.cuda.is_available() else "nccl")
+    return deepspeed
+
+
+def zero3_engine(model, stage: int = 3):
+    """`deepspeed.initialize` of `model` with a torch Adam at ZeRO `stage`."""
+    deepspeed = deepspeed_ready()
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     # DeepSpeed keeps parameters smaller than stage3_param_persistence_threshold (default
     # 100,000 elements) whole after their first forward; 0 makes this small model behave like
@@ -88,43 +96,99 @@ DEEPSPEED_MODULES = ("deepspeed", "deepspeed.runtime.engine",
 
 
 def wanted_length(rank: int) -> int:
-    """How many forwards a rank's generate loop wants: decided per rank (its sequence met its
-    end token sooner)."""
+    """After how many forwards a rank's sequence meets its end token: known only when it
+    happens, and different per rank."""
     return 3 if rank == 0 else 2
 
 
-def own_length(wanted: int) -> int:
-    return wanted
+def until_mine_ends(finished: bool) -> bool:
+    """Broken: a rank leaves the loop as soon as its own sequence has ended."""
+    return not finished
 
 
-def agreed_length(wanted: int) -> int:
-    """The fix: every rank runs the longest loop of all ranks (what transformers'
-    generate(synced_gpus=True) does); a rank that is done keeps calling forward and drops it."""
+def until_all_end(finished: bool) -> bool:
+    """The fix, as transformers' generate(synced_gpus=True) does it (generation/utils.py,
+    `_has_unfinished_sequences`): every step, every rank all-reduces whether it is finished
+    (0.0 finished, 1.0 not, summed); the loop goes on while any rank is not."""
     import torch.distributed as dist
 
-    n = torch.tensor([wanted])
-    dist.all_reduce(n, op=dist.ReduceOp.MAX)
-    return int(n.item())
+    flag = torch.tensor(0.0 if finished else 1.0)
+    dist.all_reduce(flag)
+    return flag.item() > 0
 
 
-def generate(length=own_length, seconds: float = 4.0) -> dict:
-    """A generate-like loop under ZeRO-3: forward only, as many times as `length` says, then a
-    metric summed over ranks (the next collective every rank reaches). The rank gives itself
-    `seconds` once the engine is set up: a hang is reported that long after it starts."""
+def generate(keep_going=until_mine_ends, seconds: float = 4.0) -> dict:
+    """A generate-like loop under ZeRO-3: forward only, while `keep_going(finished)`; a rank
+    whose sequence has ended and still runs a forward drops its output. Then a metric summed
+    over ranks (the next collective every rank reaches). The rank gives itself `seconds` once
+    the engine is set up: a hang is reported that long after it starts."""
     import torch.distributed as dist
 
     rank = rank_info().rank
     torch.manual_seed(0)
     engine = zero3_engine(mlp())
     restart_clock(seconds)
-    wanted = wanted_length(rank)
-    forwards = length(wanted)
-    kept = []
+    wanted, kept, forwards, finished = wanted_length(rank), [], 0, False
     with torch.no_grad():
-        for step in range(forwards):
+        while keep_going(finished):
             out = engine(features(rank))  # gathers every partitioned weight from every rank
-            if step < wanted:
-                kept.append(out)
+            forwards += 1
+            if finished:
+                continue  # this rank's sequence has ended: it runs forward for the others
+            kept.append(out)
+            finished = len(kept) >= wanted  # its end token
     outputs = torch.tensor([float(len(kept))])
     dist.all_reduce(outputs)
     return {"wanted": wanted, "forwards": forwards, "outputs_all_ranks": int(outputs.item())}
+
+
+def edit_gathered(weight, value) -> None:
+    """A custom init after `deepspeed.initialize`, the ZeRO-3 way for reading: gather, let rank 0
+    write, and DeepSpeed partitions rank 0's change again on exit (`modifier_rank=0`). It
+    changes the partition forward uses, not the optimizer's float32 master copy."""
+    import deepspeed
+    import torch.distributed as dist
+
+    with deepspeed.zero.GatheredParameters([weight], modifier_rank=0):
+        if dist.get_rank() == 0:
+            with torch.no_grad():
+                weight.copy_(value)
+
+
+def edit_master(weight, value) -> None:
+    """The fix after `initialize`: set the float32 master copy the optimizer steps from (every
+    rank calls it with the full value and keeps its own partition; deepspeed/utils/
+    tensor_fragment.py:154, runtime/zero/stage3.py:3183). The next step carries it into the
+    weights forward uses."""
+    from deepspeed.utils import safe_set_full_fp32_param
+
+    safe_set_full_fp32_param(weight, value)
+
+
+def _off_by(weight, value: float) -> float:
+    import deepspeed
+
+    with deepspeed.zero.GatheredParameters([weight]):
+        return float((weight - value).abs().max())
+
+
+def zero3_edit(edit=edit_gathered, before_initialize: bool = False, value: float = 0.5) -> dict:
+    """Set the last layer's weight to `value`, then take one Adam step (lr 1e-3): how far the
+    weight forward sees is from `value` before the step and after it. `before_initialize`:
+    build the model under `deepspeed.zero.Init` and edit it there, before `initialize`."""
+    rank = rank_info().rank
+    torch.manual_seed(0)
+    if before_initialize:
+        with deepspeed_ready().zero.Init(dtype=torch.float32):
+            model = mlp()
+        edit(model[4].weight, torch.full(tuple(model[4].weight.ds_shape), value))
+    else:
+        model = mlp()
+    engine = zero3_engine(model)
+    weight = model[4].weight
+    if not before_initialize:
+        edit(weight, torch.full(tuple(weight.ds_shape), value))
+    seen = _off_by(weight, value)
+    engine.backward(engine(features(rank)).pow(2).mean())
+    engine.step()
+    return {"off_before_step": seen, "off_after_step": _off_by(weight, value)}

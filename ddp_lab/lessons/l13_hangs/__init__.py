@@ -5,8 +5,10 @@ numbers of steps, and a collective whose size differs between ranks.
 Declarations that rely on gloo's behaviour say so: gloo's collectives block until every rank
 called them, so a missing collective is a hang right there. NCCL's return once queued; the hang
 shows at the next synchronisation (`.item()`, `cuda.synchronize`) or as its watchdog's abort
-after the process group's timeout (with `TORCH_NCCL_TRACE_BUFFER_SIZE` / `TORCH_FR_BUFFER_SIZE`
-and `TORCH_NCCL_DUMP_ON_TIMEOUT=1`, NCCL's watchdog dumps this same record itself).
+after the process group's timeout, when the watchdog also writes each rank's record to
+`TORCH_FR_DUMP_TEMP_FILE` + rank (`TORCH_NCCL_DUMP_ON_TIMEOUT` defaults to on in PyTorch's
+ProcessGroupNCCL.cpp; not run here: this build has no NCCL). torch records by default
+(`TORCH_FR_BUFFER_SIZE`, 2000 entries); the launcher brings every rank's record back.
 
 `modules` holds the model, `runs` what each rank runs, `figures` the picture.
 """
@@ -16,8 +18,9 @@ from ...launching.divergence import find
 from ...course.registry import Expect, Lesson, Scenario, Variant
 from .figures import entry_gap, figures
 from .modules import Classifier
-from .runs import (broadcast_vocabulary, evaluate, local_loss, save_checkpoint_slowly,
-                   train_and_evaluate_on_rank0, train_with_early_stopping, train_with_rank0_save)
+from .runs import (broadcast_vocabulary, buffer_broadcasts_per_forward, evaluate, local_loss,
+                   save_checkpoint_slowly, torch_analyser, train_and_evaluate_on_rank0,
+                   train_with_early_stopping, train_with_rank0_save)
 
 HANG = 2.0  # seconds: a deliberate hang is reported this soon
 PG_TIMEOUT, SAVE = 1.0, 2.0  # seconds: the process group's timeout, and how long rank 0 saves
@@ -73,12 +76,14 @@ LESSON = Lesson(
                 extra=parts_at("op", ("broadcast", "barrier")))),
             fixed=Variant(train_and_evaluate_on_rank0, kwargs={"through_wrapper": False},
                           expect=Expect("ok", extra=no_parting)),
-            summary="DDP's forward broadcasts buffers from rank 0, a collective rank 1 never "
-                    "makes; evaluate ddp_model.module (or evaluate on every rank and reduce)"),
+            summary="the first forward after a training step broadcasts DDP's buffers from rank "
+                    "0, a collective rank 1 never makes; evaluate ddp_model.module (or evaluate "
+                    "on every rank and reduce)"),
         Scenario(
             "slow_rank0_save", "A slow rank-0 save past the process group's timeout",
-            # gloo's words: "Timed out waiting 1500ms for recv". NCCL: the watchdog aborts the
-            # communicator after the timeout ("Watchdog caught collective operation timeout").
+            # gloo's words: "Timed out waiting 1000ms for recv" (PG_TIMEOUT). NCCL: the watchdog
+            # aborts the communicator after the timeout ("Watchdog caught collective operation
+            # timeout").
             broken=Variant(train_with_rank0_save, init_process_group=False, timeout=20,
                            kwargs={"pg_timeout": PG_TIMEOUT, "save_seconds": SAVE},
                            expect=Expect("error", "RuntimeError", "Timed out waiting", ranks=(1,),
@@ -116,6 +121,7 @@ LESSON = Lesson(
     ],
 )
 
-__all__ = ["LESSON", "DETAIL", "HANG", "PG_TIMEOUT", "SAVE", "entry_gap", "Classifier", "broadcast_vocabulary", "evaluate",
+__all__ = ["LESSON", "DETAIL", "HANG", "PG_TIMEOUT", "SAVE", "entry_gap", "Classifier", "broadcast_vocabulary",
+           "buffer_broadcasts_per_forward", "torch_analyser", "evaluate",
            "local_loss", "save_checkpoint_slowly", "train_and_evaluate_on_rank0",
            "train_with_early_stopping", "train_with_rank0_save", "figures", "parts_at"]

@@ -1,5 +1,7 @@
-"""The model the lesson's training loops use: small, with a BatchNorm (a buffer DDP broadcasts
-from rank 0 at the start of every forward in training and evaluation alike)."""
+"""The model the lesson's training loops use: small, with a BatchNorm, whose running statistics
+DDP broadcasts from rank 0 at the start of a forward that follows a grad-enabled one -- the first
+evaluation forward after training too, even under no_grad (`require_forward_param_sync`, torch
+2.13's torch/nn/parallel/distributed.py:1781 and 1828-1841)."""
 from __future__ import annotations
 
 from torch import nn

@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from ...launching.flight import parse
 from .modules import Classifier
 
 
@@ -40,10 +41,39 @@ def evaluate(model) -> float:
     return acc
 
 
+def _stats_broadcasts(size: int) -> int:
+    """How many broadcasts of `size` float32 values (the BatchNorm's running statistics, which
+    DDP's buffer sync sends as one flat tensor) this rank's flight record holds so far."""
+    record = parse(torch._C._distributed_c10d._dump_fr_trace(includeStackTraces=False))
+    return sum(c.op == "broadcast" and c.sizes == ((size,),) and c.dtypes == ("float32",)
+               for c in record)
+
+
+def buffer_broadcasts_per_forward(plan=("train", "train", "eval", "eval", "train", "train")):
+    """Every rank runs the same forwards through the DDP wrapper: "train" a step with gradients,
+    "eval" a forward under no_grad in eval(). For each forward, whether DDP broadcast the
+    BatchNorm's running statistics from rank 0, counted from this rank's own flight record."""
+    torch.manual_seed(0)
+    ddp = DDP(Classifier())
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    stats = sum(b.numel() for b in ddp.module.buffers() if b.is_floating_point())
+    counts = []
+    for step, kind in enumerate(plan):
+        before = _stats_broadcasts(stats)
+        if kind == "train":
+            _train_step(ddp, opt, step)
+        else:
+            evaluate(ddp)
+        counts.append(_stats_broadcasts(stats) - before)
+    return {"plan": list(plan), "broadcasts": counts, "stats": stats}
+
+
 def train_and_evaluate_on_rank0(through_wrapper: bool = True, steps: int = 2,
                                 detail_after_init: bool = False):
-    """Hang 1: `if rank == 0: evaluate(ddp_model)`. DDP's forward broadcasts the BatchNorm
-    buffers from rank 0, a collective rank 1 never joins: it waits at the end-of-epoch barrier.
+    """Hang 1: `if rank == 0: evaluate(ddp_model)`. The first forward after a training step
+    broadcasts the BatchNorm buffers from rank 0 (DDP syncs buffers in a forward that follows a
+    grad-enabled one, even under no_grad), a collective rank 1 never joins: it waits at the
+    end-of-epoch barrier.
     `detail_after_init`: DETAIL set once the group exists (set at its creation, it wraps the
     group, and DDP segfaults on this build -- lesson 06)."""
     if detail_after_init:
@@ -128,3 +158,33 @@ def broadcast_vocabulary(send_length_first: bool = False):
     truth = torch.arange(4, dtype=torch.float32)
     same = vocab.shape == truth.shape and torch.equal(vocab, truth)
     return {"length": len(vocab), "wrong": 0 if same else 1, "vocab": vocab.tolist()}
+
+
+def torch_analyser(folder: str, *flags: str, fill_group_table: bool = False) -> None:
+    """PyTorch's own flight-recorder analyser, as `python -m
+    torch.distributed.flight_recorder.fr_trace FOLDER FLAGS` runs it, on the dump files in
+    `folder` (one per rank, PREFIX + rank); launch it on one rank without a process group and
+    read its output from the rank's stderr, its failure from the rank's error.
+
+    `fill_group_table`: gloo's record on torch 2.13 lists no process group (its `pg_config` is
+    one entry named '' with ranks '[]'), which the analyser cannot match its entries to. This
+    writes a copy of each file whose table names every group the entries use, with every rank
+    that left a file (right for a run whose groups span all ranks), and analyses the copies."""
+    import pickle
+    import re
+
+    from torch.distributed.flight_recorder.fr_trace import main
+
+    if not fill_group_table:
+        return main([folder, *flags])
+    files = {int(re.search(r"(\d+)$", f).group(1)): f for f in sorted(os.listdir(folder))}
+    with tempfile.TemporaryDirectory(prefix="filled-") as filled:
+        for name in files.values():
+            with open(os.path.join(folder, name), "rb") as f:
+                record = pickle.load(f)
+            groups = {e["process_group"] for e in record["entries"]}
+            record["pg_config"] = {uid: {"name": uid, "desc": desc, "ranks": str(sorted(files))}
+                                   for uid, desc in groups}
+            with open(os.path.join(filled, name), "wb") as f:
+                pickle.dump(record, f)
+        main([filled, *flags])

@@ -18,7 +18,8 @@ from ...launching.rankinfo import ddp_kwargs, device, rank_info
 from .modules import FEATURES, DropoutNet, RandomCrops, ShuffledNet, reseed_worker
 
 INIT_SEED = 0      # the model's initialisation: the same on every rank
-DATA_SEED = 1234   # data, augmentation and dropout: + rank, so that every rank draws its own
+DATA_SEED = 1234   # augmentation, dropout and drawn batches: + rank, so every rank draws its own
+#                    (a DistributedSampler takes DATA_SEED alike on every rank: it splits by rank)
 BATCH = 8
 
 
@@ -46,7 +47,7 @@ def train_dropout(seed_per_rank: bool = True, steps: int = 12) -> dict:
     torch.manual_seed(INIT_SEED)                    # 1. initialisation: one seed for all ranks
     model = DropoutNet().to(dev)
     ddp = DDP(model, **ddp_kwargs(dev))             #    (DDP broadcasts rank 0's weights anyway)
-    torch.manual_seed(DATA_SEED + info.rank if seed_per_rank else DATA_SEED)  # 2. data, dropout
+    torch.manual_seed(DATA_SEED + info.rank if seed_per_rank else DATA_SEED)  # 2. batches, dropout
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
     masks, batches = [], []
     model.drop.register_forward_hook(
