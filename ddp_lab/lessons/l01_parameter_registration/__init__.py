@@ -9,9 +9,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import torch
-
 from ... import modwalk as inventory
+from ...cuda_init import gpu_count
 from ...registry import Expect, Lesson, ModuleCase, Scenario, Variant
 from . import modules as m
 from .figures import figures
@@ -22,7 +21,8 @@ __all__ = ["LESSON", "inventory", "train", "who_runs_forward", "find_unused_cost
 
 # With two GPUs, 2 ranks run on NCCL and CUDA: a tensor that `.to()` does not move then fails
 # first as a device mismatch (lesson 02) before it can drift.
-ON_GPUS = torch.cuda.is_available() and torch.cuda.device_count() >= 2
+# Counted without initialising CUDA: the fork server imports this module (see cuda_init).
+ON_GPUS = gpu_count() >= 2
 
 SYNCED = Expect("ok", metric="drift", below=1e-6)
 REDUCTION = r"Expected to have finished reduction in the prior iteration before starting a new one"

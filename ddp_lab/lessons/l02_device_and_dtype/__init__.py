@@ -5,8 +5,7 @@ The modules are in `modules.py`, the per-rank code in `runs.py`, the pictures in
 """
 from __future__ import annotations
 
-import torch
-
+from ...cuda_init import gpu_count
 from ...registry import Expect, Lesson, ModuleCase, Scenario, Variant
 from ...results import RunResult, sanitize
 from . import modules as m
@@ -19,7 +18,8 @@ __all__ = ["LESSON", "train_cast", "constants_across_ranks", "wrap_for_device", 
 
 # With two GPUs, 2 ranks run on NCCL and CUDA: a constant that `.to()` leaves on the CPU then
 # fails as a device mismatch before the ranks can disagree on it.
-ON_GPUS = torch.cuda.is_available() and torch.cuda.device_count() >= 2
+# Counted without initialising CUDA: the fork server imports this module (see cuda_init).
+ON_GPUS = gpu_count() >= 2
 
 # On CPU the cast shows the bug as a dtype mismatch; on CUDA the same bug is a device mismatch.
 MISMATCH = r"same (dtype|device)|must have the same dtype"

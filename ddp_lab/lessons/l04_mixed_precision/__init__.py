@@ -6,8 +6,7 @@ The modules are in `modules.py`, the per-rank code in `runs.py`, the picture in 
 """
 from __future__ import annotations
 
-import torch
-
+from ...cuda_init import gpu_count
 from ...registry import Expect, Lesson, ModuleCase, Scenario, Variant
 from . import modules as m
 from .figures import draw_precisions, figures, precision_runs
@@ -43,7 +42,7 @@ def _skips_some_steps(result):
 
 def _cuda_amp_disabled_on_cpu(result):
     """On a machine without CUDA, torch.cuda.amp.autocast turns itself off: float32 outputs."""
-    return [] if torch.cuda.is_available() else _every_rank("out_dtype", "torch.float32")(result)
+    return [] if gpu_count() else _every_rank("out_dtype", "torch.float32")(result)
 
 
 def _autocast(model_cls, expect, precision="bf16"):
