@@ -43,6 +43,8 @@ def _run(cmd, env=None, log=None, **kw) -> subprocess.CompletedProcess:
 
 
 def _torch_of(python: Path) -> str:
+    if not python.exists():
+        return ""
     out = subprocess.run([str(python), "-c", "import torch; print(torch.__version__)"],
                          capture_output=True, text=True)
     return out.stdout.strip() if out.returncode == 0 else ""
@@ -75,9 +77,9 @@ def _env(venv: Path | None) -> dict:
     return env
 
 
-def record(venv: Path, baseline_python: str) -> dict[str, float]:
+def record(venv: Path, baseline_python: str, seconds: dict) -> dict[str, float]:
     """Build the op, run both tours and the new environment's strict nbval; seconds each."""
-    python, seconds = venv / "bin" / "python", {}
+    python = venv / "bin" / "python"
     recorder = REPO / "tools" / "upgrade_record.py"
     for name, cmd, env in [
             ("build-ops", [venv / "bin" / "ddp-lab", "build-ops"], _env(venv)),
@@ -186,7 +188,7 @@ def main(argv=None) -> int:
     if not args.report_only:
         start = time.time()
         install(venv, args.torch, args.cpu)
-        record(venv, sys.executable)
+        record(venv, sys.executable, {"install": round(time.time() - start)})
         print(f"recorded in {time.time() - start:.0f} s")
     return report(venv)
 
