@@ -58,8 +58,6 @@ def test_an_error_two_builds_word_differently_is_declared_once():
 
 
 def test_the_tour_reports_a_failed_run_its_figure_needs_instead_of_crashing(tmp_path, capsys):
-    from dataclasses import replace
-
     from ddp_lab.registry import get_lesson
     from ddp_lab.tour import Row, write_figures
 
