@@ -16,10 +16,11 @@ _PID = re.compile(r"\b(pid|PID|process)[ =:]+\d+")
 _CPP_LOG = re.compile(r"\b[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+(?: +\d+)?")  # glog: I1202 13:01:02.123 4567
 _CLOCK = re.compile(r"\b\d\d:\d\d:\d\d(?:\.\d+)?\b")
 # Where a library's source line is named: a traceback's or faulthandler's frame
-# (`File "...", line 12, in f` / `line 12 in f`), a warning (`.../x.py:12: UserWarning: ...`),
-# a C++ source (`[.../gloo/transport/tcp/pair.cc:553]`, `at .../ProcessGroupGloo.cpp:1017`).
+# (`File "...", line 12, in f` / `line 12 in f`), a warning (`.../x.py:12: UserWarning: ...`,
+# torch's glog-style `W1204 16:14:01.03 1552 .../cpp_extension.py:183] ...`), a C++ source
+# (`[.../gloo/transport/tcp/pair.cc:553]`, `at .../ProcessGroupGloo.cpp:1017`).
 _FRAME_LINE = re.compile(r'(?P<keep>File "(?P<path>[^"]+)"), line \d+(?=,? in )')
-_WARNING_LINE = re.compile(r"(?P<path>[^\s\"'()\[\]]+\.py):\d+(?=: \w*(?:Warning|Error)\b)")
+_WARNING_LINE = re.compile(r"(?P<path>[^\s\"'()\[\]]+\.py):\d+(?=: \w*(?:Warning|Error)\b|\])")
 _CPP_LINE = re.compile(r"(?P<path>[^\s\"'()\[\]:]+\.(?:cpp|cc|cu|cuh|h|hpp)):\d+\b")
 _STDLIB = sysconfig.get_paths()["stdlib"].replace("\\", "/").rstrip("/") + "/"
 

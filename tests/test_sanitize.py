@@ -24,6 +24,7 @@ def test_libraries_lose_their_line_numbers_the_course_and_the_learner_keep_their
         '  File "/tmp/ipykernel_812/2157.py", line 3, in <module>',
         '  File "<%%ddp cell>", line 2, in <module>',
         f"{venv}/torch/distributed/fsdp/_fully_shard/_fsdp_state.py:331: UserWarning: FSDP2",
+        f"W1204 16:14:01.033000 1552 {venv}/torch/utils/cpp_extension.py:183] No CUDA runtime",
         "RuntimeError: [/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Read error",
         "Exception raised from run at /pytorch/torch/csrc/distributed/c10d/ProcessGroupGloo.cpp:1017",
     ])
@@ -36,6 +37,7 @@ def test_libraries_lose_their_line_numbers_the_course_and_the_learner_keep_their
         '  File "/tmp/ipykernel_812/2157.py", line 3, in <module>',
         '  File "<%%ddp cell>", line 2, in <module>',
         "torch/distributed/fsdp/_fully_shard/_fsdp_state.py: UserWarning: FSDP2",
+        "W<time> torch/utils/cpp_extension.py] No CUDA runtime",
         "RuntimeError: [third_party/gloo/gloo/transport/tcp/pair.cc] Read error",
         "Exception raised from run at torch/csrc/distributed/c10d/ProcessGroupGloo.cpp",
     ]
