@@ -22,6 +22,8 @@ class Expect:
 
     status "error":   `ranks` (default: the root-cause rank) raised `error_type` whose message
                       matches `match` (a regular expression; a plain fragment works).
+                      Where builds of torch raise different errors for the same mistake,
+                      `error_type` names each, "RuntimeError|ValueError", and `match` too.
     status "timeout": `ranks` (default: any rank) timed out with `match` in its stack.
     status "crashed": `ranks` (default: any rank) crashed, `match` in its headline
                       (e.g. "SIGSEGV", "status 3").
@@ -93,7 +95,8 @@ class Expect:
             if r.status != self.status:
                 problems.append(f"rank {r.rank} is {r.status!r}, expected {self.status!r}")
                 continue
-            if self.status == "error" and self.error_type and r.error.type != self.error_type:
+            if (self.status == "error" and self.error_type
+                    and r.error.type not in self.error_type.split("|")):
                 problems.append(f"rank {r.rank} raised {r.error.type}, expected {self.error_type}")
             text = {"error": r.error.message if r.error else "", "timeout": r.stack,
                     "crashed": r.headline + "\n" + r.stderr}[self.status]

@@ -3,9 +3,11 @@ whether a region draws random numbers while `preserve_rng_state=False`, and what
 changes during backward (a recomputed region repeating its side effects).
 
 The reentrant path is seen through `CheckpointFunction.apply`, the non-reentrant one through
-`_checkpoint_without_reentrant_generator`; both are looked up by torch at call time, so user
-code that imported `checkpoint` by name is seen too. Where a torch version lacks either, that
-part is silently not watched."""
+the generator `checkpoint` runs: `_checkpoint_without_reentrant_generator` up to torch 2.13,
+`_checkpoint_without_reentrant_generator_impl` (arguments as a tuple and a dict) from 2.14, where
+the old name is a shim that calls it. Each is looked up by torch at call time, so user code that
+imported `checkpoint` by name is seen too. Where a torch version lacks them, that part is
+silently not watched (tests/doctor/test_doctor_gradients.py fails then)."""
 from __future__ import annotations
 
 from contextlib import ExitStack, contextmanager
@@ -79,17 +81,37 @@ def _non_reentrant(calls: list[dict], where, dev_type):
     return make
 
 
+def _non_reentrant_impl(calls: list[dict], where, dev_type):
+    """torch 2.14's `_checkpoint_without_reentrant_generator_impl(fn, args, kwargs, *, ...)`."""
+    def make(original):
+        def generator(fn, args, kwargs, *, preserve_rng_state=True, **options):
+            entry = {"reentrant": False, "preserve_rng": bool(preserve_rng_state),
+                     "rng_used": False, "where": where()}
+            calls.append(entry)
+            before = _rng_state(dev_type)
+            yield from original(fn, args, kwargs, preserve_rng_state=preserve_rng_state,
+                                **options)
+            entry["rng_used"] = _changed(before, dev_type)  # after the region's forward
+
+        return generator
+    return make
+
+
 @contextmanager
 def watch_checkpoints(calls: list[dict], where, dev_type: str = "cpu"):
     """Inside the block, every checkpointed region appends {"reentrant", "preserve_rng",
     "rng_used", "where"} to `calls`; `where()` names the caller."""
     from torch.utils import checkpoint
 
+    # The innermost generator only: on 2.14 the old name calls the new one (recorded once).
+    impl = "_checkpoint_without_reentrant_generator_impl"
+    non_reentrant = ((impl, _non_reentrant_impl) if hasattr(checkpoint, impl)
+                     else ("_checkpoint_without_reentrant_generator", _non_reentrant))
     with ExitStack() as stack:
         stack.enter_context(_patch(checkpoint.CheckpointFunction, "apply",
                                    _reentrant(calls, where, dev_type)))
-        stack.enter_context(_patch(checkpoint, "_checkpoint_without_reentrant_generator",
-                                   _non_reentrant(calls, where, dev_type)))
+        stack.enter_context(_patch(checkpoint, non_reentrant[0],
+                                   non_reentrant[1](calls, where, dev_type)))
         yield
 
 

@@ -2,15 +2,19 @@
 
 On CPU, `deepspeed.init_distributed` loads its shared-memory collective op
 (`deepspeed_shm_comm`) with torch's JIT extension builder, which compiles it on first use into
-`$TORCH_EXTENSIONS_DIR/deepspeed_shm_comm` (default `~/.cache/torch_extensions/py3X_cpu/...`):
-minutes of C++ compilation. Inside a rank with a launch timeout that is a trap: a rank killed
-mid-build leaves torch's `lock` file behind and every later build or load waits on it forever.
+`$TORCH_EXTENSIONS_DIR/deepspeed_shm_comm` (default `~/.cache/torch_extensions/py3X_cpu/...`,
+`py3X_cuNNN` on a CUDA build: one folder per Python and CUDA version, not per torch release):
+minutes of C++ compilation. Inside a rank with a launch timeout that is a trap. Up to torch
+2.13, torch's builder marks a build by the mere existence of a `lock` file (a "baton"): a rank
+killed mid-build leaves it behind and every later build or load waits on it forever. torch 2.14
+holds an OS advisory lock on that file instead: the kernel releases it when the holder dies,
+and the file itself stays after every build, by design (`lock_is_a_baton` tells them apart).
 
 So: `ddp-lab build-ops` (run by the tour before lesson 12, and by `.ci/run`) builds it in a
 child process with progress lines and a time limit, names the missing compiler or Python
-headers, and removes a lock whose builder is dead. `require_built()` is what a lesson-12 rank
-calls before `deepspeed.init_distributed`: it raises a clear error instead of compiling.
-Nothing here imports deepspeed in this process.
+headers, and, where the lock is a baton, removes one whose builder is dead. `require_built()`
+is what a lesson-12 rank calls before `deepspeed.init_distributed`: it raises a clear error
+instead of compiling. Nothing here imports deepspeed in this process.
 """
 from __future__ import annotations
 
@@ -59,9 +63,21 @@ def _builders(folder: Path) -> list[int]:
     return working_in(folder)
 
 
+def lock_is_a_baton() -> bool:
+    """Whether this torch's JIT builder blocks on the lock file's existence (`FileBaton`, torch
+    <= 2.13) rather than on an OS advisory lock held on it (`FileLock`, torch 2.14: a leftover
+    file is normal there). Decided by what `torch.utils.cpp_extension` uses, not by version."""
+    from torch.utils import cpp_extension
+
+    return hasattr(cpp_extension, "FileBaton") and not hasattr(cpp_extension, "FileLock")
+
+
 def stale_lock(folder: Path | None = None) -> Path | None:
-    """torch's `lock` in the op's folder when no process is building there and it is older than
-    STALE_AFTER_S: the mark of a builder that was killed. None otherwise."""
+    """torch's `lock` in the op's folder when it is a baton (`lock_is_a_baton`), no process is
+    building there and it is older than STALE_AFTER_S: the mark of a builder that was killed.
+    None otherwise (always None where torch holds an advisory lock: nothing can be stale)."""
+    if not lock_is_a_baton():
+        return None
     lock = (folder or build_dir()) / "lock"
     try:
         age = time.time() - lock.stat().st_mtime
@@ -127,8 +143,10 @@ def _kill_tree(proc, folder: Path) -> None:
 
 
 def _remove_dead_lock(folder: Path, say) -> None:
+    """Remove a baton no builder holds; an advisory lock's file is left alone (removing it
+    while a process holds the lock would let a second builder in)."""
     lock = folder / "lock"
-    if lock.exists() and not _builders(folder):
+    if lock_is_a_baton() and lock.exists() and not _builders(folder):
         lock.unlink(missing_ok=True)
         say(f"removed {lock}, left by a build that is no longer running")
 
@@ -158,7 +176,7 @@ def ensure_built(timeout: float = 1800.0, say=print) -> bool:
     folder = build_dir()
     if stale_lock(folder) is not None:
         _remove_dead_lock(folder, say)
-    if is_built(folder) and not (folder / "lock").exists():
+    if is_built(folder) and not (lock_is_a_baton() and (folder / "lock").exists()):
         return False
     require_toolchain()
     folder.parent.mkdir(parents=True, exist_ok=True)

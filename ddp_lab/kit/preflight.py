@@ -57,7 +57,9 @@ def torch_build() -> Item:
         return Item("torch", False, f"cannot import torch ({exc})",
                      "pip install -r requirements.txt (it pins the CPU build)")
     build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "CPU build"
-    gpus = torch.cuda.device_count() if torch.version.cuda else 0
+    from ..launching.cuda_init import gpu_count
+
+    gpus = gpu_count()
     detail = f"{torch.__version__}, {build}, {gpus} GPU(s)"
     detail += "" if torch.__version__.startswith(TESTED_TORCH) else f" (the course is tested on {TESTED_TORCH})"
     if _release(torch.__version__) < MIN_TORCH:

@@ -166,7 +166,9 @@ def resolve_backend(backend: str, world_size: int | None) -> str:
         return backend
     import torch
 
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    from .cuda_init import gpu_count
+
+    gpus = gpu_count()  # never initialises CUDA in the caller (a notebook may fork later)
     needed = world_size or 1
     if backend == "nccl" and gpus < needed:
         raise RuntimeError(f"backend 'nccl' needs one GPU per rank: {needed} rank(s) asked for, "

@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import threading
+import warnings
 
 from . import forkserver, frames
 
@@ -26,6 +27,11 @@ PRELOAD_IDLE = ("torch.nn.parallel", "torch.optim", "torch._dynamo", "torch.util
 
 class ServerDied(RuntimeError):
     """The fork server went away (killed, out of memory) before it started a rank."""
+
+
+class ForkServerPoisoned(RuntimeWarning):
+    """A module imported into the fork server initialised CUDA there; the server was replaced
+    by one without it."""
 
 
 def _kill_group(pid: int) -> None:
@@ -44,9 +50,10 @@ class _ForkServer:
         parent, child = socket.socketpair()
         env = dict(os.environ, **extra_env)
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+        now, idle = ([m for m in names if m not in _excluded] for names in (PRELOAD, PRELOAD_IDLE))
         self.proc = subprocess.Popen(
             [sys.executable, "-c", frames.FORKSERVER,
-             str(child.fileno()), ",".join(PRELOAD), ",".join(PRELOAD_IDLE)],
+             str(child.fileno()), ",".join(now), ",".join(idle)],
             pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL, env=env,
             start_new_session=True,  # Ctrl-C in a terminal reaches the caller, not the server
         )
@@ -56,6 +63,8 @@ class _ForkServer:
         self.changed = threading.Condition()
         self.exits: dict[int, int] = {}
         self.spawned: dict[str, int] = {}
+        self.refused: set[str] = set()
+        self.poisoned: tuple[str, str] | None = None  # (module, what initialised CUDA)
         self.alive = True
         self.preloads_sent = 0  # preload requests sent; the server answers each with "warm"
         self.warm_for = -1  # the number of preload requests the server had when last all warm
@@ -70,6 +79,10 @@ class _ForkServer:
                         self.exits[msg["exit"]] = os.waitstatus_to_exitcode(msg["status"])
                     elif "warm" in msg:
                         self.warm_for = msg["warm"]
+                    elif "poisoned" in msg:
+                        self.poisoned = (msg["poisoned"], msg["by"])
+                    elif "refused" in msg:
+                        self.refused.add(msg["refused"])
                     else:
                         self.spawned[msg["spawned"]] = msg["pid"]
                     self.changed.notify_all()
@@ -95,24 +108,29 @@ class _ForkServer:
     def spawn(self, spec_path: str, timeout: float) -> "ForkedRank":
         self._send({"spawn": spec_path})
         with self.changed:
-            self.changed.wait_for(lambda: spec_path in self.spawned or not self.alive, timeout)
+            self.changed.wait_for(lambda: spec_path in self.spawned or not self.alive
+                                  or spec_path in self.refused, timeout)
             if spec_path in self.spawned:
                 return ForkedRank(self, self.spawned.pop(spec_path))
+            if spec_path in self.refused:
+                raise ServerDied("the ddp_lab fork server refused to fork: an import initialised "
+                                 "CUDA in it")
             if not self.alive:
                 raise ServerDied("the ddp_lab fork server died before it started a rank")
             raise RuntimeError(f"the ddp_lab fork server did not start a rank within {timeout:g} s "
                                "(the machine may be overloaded); run again, or pass "
                                "start_method='spawn'")
 
-    def preload(self, modules) -> None:
-        """Ask the server to import `modules` (names) when it is idle."""
+    def preload(self, modules, env=None) -> None:
+        """Ask the server to import `modules` (names) when it is idle, with `env` set first."""
         with self.changed:
             self.preloads_sent += 1
-        self._send({"preload": list(modules)})
+        self._send({"preload": list(modules), "env": dict(env or {})})
 
     def wait_warm(self, timeout: float) -> bool:
         with self.changed:
-            return self.changed.wait_for(lambda: self.warm or not self.alive, timeout) and self.warm
+            done = lambda: self.warm or not self.alive or self.poisoned  # noqa: E731
+            return bool(self.changed.wait_for(done, timeout)) and self.warm and not self.poisoned
 
     def close(self) -> None:
         try:
@@ -174,6 +192,8 @@ class SpawnedRank:
 
 _server: _ForkServer | None = None
 _server_lock = threading.Lock()
+_retired: list[_ForkServer] = []  # poisoned servers whose ranks still run; closed once they exit
+_excluded: set[str] = set()  # modules that initialised CUDA in a fork server: never preloaded
 
 
 def forkserver_available() -> bool:
@@ -184,33 +204,72 @@ def fork_server() -> _ForkServer:
     """The shared fork server, started on first use (and again if it died)."""
     global _server
     with _server_lock:
+        if _server is not None and _server.poisoned:
+            _exclude(*_server.poisoned)
+            _retired.append(_server)  # not closed: that would kill the ranks it forked before
+            _server = None
         if _server is None or not _server.alive or _server.proc.poll() is not None:
             if _server is not None:
                 _server.close()
-            _server = _ForkServer({})
+            _close_retired()
+            _server = _ForkServer(_preload_env)
             if _preloads:
                 _server.preload(_preloads)  # what callers asked the old one for
         return _server
 
 
 _preloads: list[str] = []  # every module a caller asked to preload, for a restarted server
+_preload_env: dict[str, str] = {}  # variables those modules read at import (prewarm's env)
 
 
-def prewarm(wait: bool = False, timeout: float = 120.0, modules=()) -> bool:
+def _exclude(module: str, by: str) -> None:
+    """Never preload `module` again, and say why: it initialised CUDA in the fork server."""
+    _excluded.add(module)
+    if module in _preloads:
+        _preloads.remove(module)
+    warnings.warn(poisoned_message(module, by), ForkServerPoisoned, stacklevel=4)
+
+
+def poisoned_message(module: str, by: str) -> str:
+    return (f"ddp_lab: importing {module} initialised CUDA in the fork server "
+            f"({by or 'from C++, not through torch.cuda'}). Every rank forked after that would "
+            "fail on CUDA with 'Cannot re-initialize CUDA in forked subprocess', so none was: a "
+            f"new fork server runs without {module}, and each rank imports it itself. To keep it "
+            "preloadable, ask for CUDA inside the functions the ranks run, or count GPUs without "
+            f"initialising CUDA ({__name__.rpartition('.')[0]}.cuda_init.gpu_count()).")
+
+
+def _close_retired() -> None:
+    for old in [s for s in _retired if s.proc.poll() is not None or not s.alive]:
+        old.close()
+        _retired.remove(old)
+
+
+def prewarm(wait: bool = False, timeout: float = 120.0, modules=(), env=None) -> bool:
     """Start the fork server now (it preloads torch, then what DDP imports, then `modules`, a
-    list of module names, e.g. a lesson's); with `wait`, block until it has preloaded all of
-    them. Returns whether it is fully warm. Nothing depends on it: a launch on a cold server
-    starts each rank's clock once that rank has imported what it needs."""
+    list of module names, e.g. a lesson's, with the environment variables `env` set first for
+    the imports that read them); with `wait`, block until it has preloaded all of them. Returns
+    whether it is fully warm. Nothing depends on it: a launch on a cold server starts each
+    rank's clock once that rank has imported what it needs. A module that initialises CUDA at
+    import is not kept in the server (a `ForkServerPoisoned` warning names it)."""
     from .rankinfo import in_torchrun
 
-    modules = [m for m in ([modules] if isinstance(modules, str) else modules) if m not in _preloads]
+    modules = [m for m in ([modules] if isinstance(modules, str) else modules)
+               if m not in _preloads and m not in _excluded]
     _preloads.extend(modules)
+    _preload_env.update({str(k): str(v) for k, v in (env or {}).items()})
     if not forkserver_available() or in_torchrun():  # torchrun's ranks run scenarios in-process
         return False
     server = fork_server()
-    if modules:
-        server.preload(modules)
-    return server.wait_warm(timeout) if wait else server.warm
+    if modules or env:
+        server.preload(modules, env)
+    for _ in range(len(PRELOAD) + len(PRELOAD_IDLE) + len(_preloads) + 1):
+        if not wait:
+            return server.warm
+        if server.wait_warm(timeout) or not server.poisoned:
+            return server.warm and not server.poisoned
+        server = fork_server()  # a module initialised CUDA there: a new server, without it
+    return False
 
 
 def shutdown() -> None:
@@ -219,6 +278,9 @@ def shutdown() -> None:
         if _server is not None:
             _server.close()
             _server = None
+        for old in _retired:
+            old.close()
+        _retired.clear()
 
 
 atexit.register(shutdown)

@@ -48,6 +48,29 @@ def test_expect_can_fail_on_each_field():
     assert Expect("timeout", match="barrier").differences(hung)
 
 
+def test_an_error_two_builds_word_differently_is_declared_once():
+    """`error_type` "A|B": either build's exception passes, a third does not."""
+    expect = Expect("error", "RuntimeError|ValueError", r"NCCL built in|no GPUs found", ranks=(0,))
+    for kind, text in (("RuntimeError", "Distributed package doesn't have NCCL built in"),
+                       ("ValueError", "ProcessGroupNCCL is only supported with GPUs, no GPUs found!")):
+        assert expect.differences(_result(RankResult(0, "error", error=ErrorInfo(kind, text)))) == []
+    assert expect.differences(_result(RankResult(0, "error", error=ErrorInfo("TypeError", "no GPUs found"))))
+
+
+def test_the_tour_reports_a_failed_run_its_figure_needs_instead_of_crashing(tmp_path, capsys):
+    from ddp_lab.course.registry import get_lesson
+    from ddp_lab.course.tour import Row, write_figures
+
+    lesson = get_lesson("12")
+    failed = _result(RankResult(0, "error", error=ErrorInfo("RuntimeError", "boom")))
+    scenario = lesson.scenario("memory_per_rank")
+    rows = [Row(scenario, failed, failed, ["fixed: status 'error', expected 'ok'"])]
+    assert write_figures(lesson, rows, tmp_path) == [] and list(tmp_path.iterdir()) == []
+    assert "lesson 12: figures not drawn" in capsys.readouterr().err
+    with pytest.raises(Exception):  # every run as declared: a figure that fails is a bug
+        write_figures(lesson, [Row(scenario, failed, failed, [])], tmp_path)
+
+
 def test_unknown_lesson_and_scenario_are_named():
     from ddp_lab.course.registry import get_lesson
 

@@ -171,3 +171,22 @@ def test_fp16_overflow_is_non_finite():
     report = doctor(Loud, x16(), amp="fp16")
     assert ("non-finite-values", "04") in codes(report)
     assert doctor(Loud, x16()).findings == []  # float32 holds it
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_every_checkpoint_is_watched_once_on_this_torch(reentrant):
+    """The doctor's watch sees each checkpointed region once, with its options, on whatever
+    generator this torch runs (torch 2.14 moved the non-reentrant one to `..._impl`)."""
+    import torch
+    from torch.utils.checkpoint import checkpoint
+
+    from ddp_lab.doctor.regions import watch_checkpoints
+
+    calls = []
+    x = torch.randn(4, 3, requires_grad=True)
+    with watch_checkpoints(calls, lambda: "here"):
+        out = checkpoint(lambda t: torch.nn.functional.dropout(t, 0.5), x,
+                         use_reentrant=reentrant, preserve_rng_state=False)
+    out.sum().backward()
+    assert calls == [{"reentrant": reentrant, "preserve_rng": False, "rng_used": True,
+                      "where": "here"}]

@@ -1,9 +1,15 @@
 """DeepSpeed's C++ op is built once, explicitly (`ddp-lab build-ops`), never inside a rank:
 a rank finds it unbuilt or blocked by a dead build's lock and says so at once; a dead build's
 lock is told from a live build's and removed; a missing compiler is named. Every test points
-TORCH_EXTENSIONS_DIR at a temporary folder: the machine's own build is never touched."""
+TORCH_EXTENSIONS_DIR at a temporary folder: the machine's own build is never touched.
+
+The lock differs by torch: up to 2.13 its existence blocks (a baton, which a killed build leaves
+behind); from 2.14 torch holds an OS advisory lock on it, and the file stays by design. The
+tests of each kind skip, saying so, on a torch of the other kind."""
+import fcntl
 import os
 import subprocess
+import sys
 import time
 from dataclasses import replace
 
@@ -19,6 +25,23 @@ def ext_dir(tmp_path, monkeypatch):
     folder = tmp_path / ops.NAME
     folder.mkdir()
     return folder
+
+
+BATON = pytest.mark.skipif(not ops.lock_is_a_baton(), reason="this torch holds an OS advisory "
+                           "lock on the file (torch >= 2.14): a leftover file is never stale")
+ADVISORY = pytest.mark.skipif(ops.lock_is_a_baton(), reason="this torch's lock file is a baton "
+                              "(torch <= 2.13): its existence blocks")
+
+
+def _held(lock) -> bool:
+    """Whether some process holds an advisory lock on `lock`."""
+    with open(lock, "a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(f, fcntl.LOCK_UN)
+        return False
 
 
 def _old_lock(folder, age=120):
@@ -42,6 +65,7 @@ def test_a_rank_refuses_to_compile_the_op_and_says_what_to_run(ext_dir):
     assert not (ext_dir / "lock").exists() and not ops.is_built()
 
 
+@BATON
 def test_a_dead_builds_lock_is_stale_and_named(ext_dir):
     lock = _old_lock(ext_dir)
     assert ops.stale_lock() == lock
@@ -61,6 +85,7 @@ def test_a_live_build_or_a_fresh_lock_is_not_stale(ext_dir):
     assert ops.stale_lock() is None
 
 
+@BATON
 def test_ensure_built_removes_a_dead_lock_and_keeps_a_built_op(ext_dir):
     (ext_dir / f"{ops.NAME}.so").write_bytes(b"")  # built earlier (not loaded here)
     _old_lock(ext_dir)
@@ -69,6 +94,28 @@ def test_ensure_built_removes_a_dead_lock_and_keeps_a_built_op(ext_dir):
     assert not (ext_dir / "lock").exists()
     assert said and "left by a build that is no longer running" in said[0]
     ops.require_built()  # nothing left to complain about
+
+
+@ADVISORY
+def test_a_killed_builders_lock_is_released_and_its_file_is_normal(ext_dir):
+    """torch's own FileLock held by a process that is then SIGKILLed, as a build killed by a
+    launch's timeout would be: the kernel releases it, the file stays, nothing is stale, a built
+    op loads and `ensure_built` neither rebuilds nor removes the file."""
+    hold = ("import sys, time\nfrom torch.utils._filelock import FileLock\n"
+            "with FileLock(sys.argv[1]):\n    print('held', flush=True)\n    time.sleep(60)\n")
+    holder = subprocess.Popen([sys.executable, "-c", hold, str(ext_dir / "lock")],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held" and _held(ext_dir / "lock")
+    finally:
+        holder.kill()
+        holder.wait()
+    lock = _old_lock(ext_dir)  # the killed holder's file, older than STALE_AFTER_S
+    assert lock.exists() and not _held(lock) and ops.stale_lock() is None
+    (ext_dir / f"{ops.NAME}.so").write_bytes(b"")  # built earlier (not loaded here)
+    ops.require_built()
+    said = []
+    assert ops.ensure_built(say=said.append) is False and said == [] and lock.exists()
 
 
 def test_a_missing_compiler_is_named_before_any_build(ext_dir, monkeypatch):
@@ -85,6 +132,11 @@ def test_a_build_past_its_time_limit_is_stopped_and_leaves_no_lock(ext_dir):
     with pytest.raises(ops.OpBuildError, match="did not finish in 3 s; stopped it"):
         ops.ensure_built(timeout=3, say=lambda line: None)
     assert time.time() - start < 20
-    assert not (ext_dir / "lock").exists() and not ops.is_built()
+    lock = ext_dir / "lock"
+    if ops.lock_is_a_baton():
+        assert not lock.exists()
+    else:  # the file stays by design; nobody holds the lock
+        assert not lock.exists() or not _held(lock)
+    assert not ops.is_built()
     time.sleep(2)  # a compiler that escaped would still be working in the folder
     assert ops._builders(ext_dir) == [] and not (ext_dir / "shm.o").exists()

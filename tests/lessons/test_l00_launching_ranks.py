@@ -1,13 +1,24 @@
 """Lesson 00 beyond its declarations: each step of the source document's example."""
 import pytest
+import torch
 
+from ddp_lab.launching.cuda_init import gpu_count
 from ddp_lab.lessons import l00_launching_ranks as l00
+
+# Steps 1 and 3 declare both builds' errors; each build must still raise its own.
+CUDA_BUILD = torch.cuda._is_compiled()
+THIS_BUILDS = {1: "ValueError: ProcessGroupNCCL is only supported with GPUs" if CUDA_BUILD
+               else "RuntimeError: Distributed package doesn't have NCCL built in",
+               3: "RuntimeError: Found no NVIDIA driver on your system" if CUDA_BUILD
+               else "RuntimeError: Cannot access accelerator device when none is available"}
 
 
 @pytest.mark.parametrize("fixes", range(len(l00.SOURCE_STEPS)))
 def test_each_step_of_the_source_example_fails_or_passes_as_declared(fixes):
     result = l00._source_variant(fixes).run()
     l00.SOURCE_STEPS[fixes].assert_met(result)
+    if fixes in THIS_BUILDS and not gpu_count():
+        assert str(result.root_cause.error).startswith(THIS_BUILDS[fixes])
 
 
 def test_every_fix_applies_and_has_a_diff():

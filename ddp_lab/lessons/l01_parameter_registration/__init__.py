@@ -2,7 +2,7 @@
 DataParallel and DistributedDataParallel each do with them.
 
 The modules are in `modules.py`, the per-rank code in `runs.py`. The walker that finds every
-tensor a module holds (registered or not) is `ddp_lab.modwalk`, shared with the doctor; the
+tensor a module holds (registered or not) is `ddp_lab.instruments.modwalk`, shared with the doctor; the
 notebook reads it as `inventory`.
 """
 from __future__ import annotations
@@ -11,8 +11,9 @@ from dataclasses import replace
 
 import torch
 
-from ...instruments import modwalk as inventory
 from ...course.registry import Expect, Lesson, ModuleCase, Scenario, Variant
+from ...instruments import modwalk as inventory
+from ...launching.cuda_init import gpu_count
 from . import modules as m
 from .figures import figures
 from .runs import find_unused_cost, train, who_runs_forward
@@ -22,7 +23,8 @@ __all__ = ["LESSON", "inventory", "train", "who_runs_forward", "find_unused_cost
 
 # With two GPUs, 2 ranks run on NCCL and CUDA: a tensor that `.to()` does not move then fails
 # first as a device mismatch (lesson 02) before it can drift.
-ON_GPUS = torch.cuda.is_available() and torch.cuda.device_count() >= 2
+# Counted without initialising CUDA: the fork server imports this module (see cuda_init).
+ON_GPUS = gpu_count() >= 2
 
 SYNCED = Expect("ok", metric="drift", below=1e-6)
 REDUCTION = r"Expected to have finished reduction in the prior iteration before starting a new one"

@@ -11,17 +11,19 @@ import torch
 
 from ...course.registry import Expect, Lesson, ModuleCase, Scenario, Variant
 from ...launching import RunResult, sanitize
+from ...launching.cuda_init import gpu_count
 from . import modules as m
 from .figures import figures
 from .runs import (constants_across_ranks, hardcoded_cuda, materialise, train_cast,
                    wrap_for_device)
 
 __all__ = ["LESSON", "train_cast", "constants_across_ranks", "wrap_for_device", "hardcoded_cuda",
-           "materialise", "TO_BFLOAT16", "NO_INIT", "failing_line"]
+           "materialise", "TO_BFLOAT16", "NO_INIT", "failing_line", "NO_GPU_FOR_HARDCODED"]
 
 # With two GPUs, 2 ranks run on NCCL and CUDA: a constant that `.to()` leaves on the CPU then
 # fails as a device mismatch before the ranks can disagree on it.
-ON_GPUS = torch.cuda.is_available() and torch.cuda.device_count() >= 2
+# Counted without initialising CUDA: the fork server imports this module (see cuda_init).
+ON_GPUS = gpu_count() >= 2
 
 # On CPU the cast shows the bug as a dtype mismatch; on CUDA the same bug is a device mismatch.
 MISMATCH = r"same (dtype|device)|must have the same dtype"
@@ -52,6 +54,14 @@ def _materialise(how, expect):
 
 
 CAST_FAILS = Expect("error", "RuntimeError", MISMATCH, ranks=(0, 1))
+# `.to(f"cuda:{rank}")` on a machine without a GPU (`hardcoded_cuda`): each build says it its way.
+#   CPU build (pinned):        AssertionError: Torch not compiled with CUDA enabled
+#   CUDA build, no GPU driver: RuntimeError: Found no NVIDIA driver on your system. Please check ...
+# In a process forked after CUDA was initialised it would be "Cannot re-initialize CUDA in forked
+# subprocess"; ddp_lab's fork server never initialises CUDA (ddp_lab.launching.cuda_init).
+NO_GPU_FOR_HARDCODED = Expect("error", "AssertionError|RuntimeError",
+                              r"Torch not compiled with CUDA enabled|Found no NVIDIA driver",
+                              ranks=(0, 1))
 CAST_BROKEN = _cast(m.RandomFeatures, CAST_FAILS)
 # The same module cast to bfloat16 instead of float64: the same bug, the same error.
 TO_BFLOAT16 = CAST_BROKEN.with_kwargs(dtype="bfloat16")

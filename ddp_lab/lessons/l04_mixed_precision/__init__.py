@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from ...course.registry import Expect, Lesson, ModuleCase, Scenario, Variant
+from ...launching.cuda_init import gpu_count
 from . import modules as m
 from .figures import draw_precisions, figures, precision_runs
 from .runs import amp_api_step, compare_precisions, fit_decoder, train_autocast, train_half_weights, zero_checkpoint
@@ -43,7 +44,7 @@ def _skips_some_steps(result):
 
 def _cuda_amp_disabled_on_cpu(result):
     """On a machine without CUDA, torch.cuda.amp.autocast turns itself off: float32 outputs."""
-    return [] if torch.cuda.is_available() else _every_rank("out_dtype", "torch.float32")(result)
+    return [] if gpu_count() else _every_rank("out_dtype", "torch.float32")(result)
 
 
 def _autocast(model_cls, expect, precision="bf16"):

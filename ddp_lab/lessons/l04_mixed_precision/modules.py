@@ -7,9 +7,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ...launching.cuda_init import gpu_count
+
 FEATURES = 16
-# custom_fwd / custom_bwd need the device type at definition time: the GPU when there is one.
-DEVICE_TYPE = "cuda" if torch.cuda.is_available() else "cpu"
+# custom_fwd / custom_bwd need the device type at definition time: the GPU when there is one,
+# counted without initialising CUDA (the fork server imports this module: see cuda_init).
+DEVICE_TYPE = "cuda" if gpu_count() else "cpu"
 
 
 def example_batch(rank: int, batch: int = 8) -> torch.Tensor:

@@ -39,18 +39,22 @@ SAME_DTYPE = r"mat1 and mat2 must have the same dtype, but got Float and BFloat1
 
 def prewarm_deepspeed(wait: bool = False) -> bool:
     """Have the fork server import DeepSpeed (and what deepspeed.initialize imports) once, so
-    each ZeRO-3 rank starts in about a second instead of several. Lesson 12 only. Without a
-    GPU it names DeepSpeed's CPU accelerator (DS_ACCELERATOR=cpu, what DeepSpeed would pick)
-    so that neither the fork server nor a rank logs its "unable to detect" warning."""
+    each ZeRO-3 rank starts in about a second instead of several. Lesson 12 only. It names
+    DeepSpeed's accelerator (DS_ACCELERATOR: `cuda` with a GPU, else `cpu`, what DeepSpeed
+    would pick), counted without initialising CUDA: DeepSpeed's own detection calls
+    `torch.cuda.device_count()` and `is_available()` at import, which on a CUDA build would
+    leave the fork server unable to fork a rank that can use CUDA. Without a GPU, neither the
+    fork server nor a rank then logs DeepSpeed's "unable to detect" warning either."""
     import os
 
     import torch
 
     from ...launching import prewarm
+    from ...launching.cuda_init import gpu_count
 
-    if not torch.cuda.is_available():
-        os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    return prewarm(wait=wait, timeout=DS_TIMEOUT, modules=list(DEEPSPEED_MODULES))
+    os.environ.setdefault("DS_ACCELERATOR", "cuda" if gpu_count() else "cpu")
+    return prewarm(wait=wait, timeout=DS_TIMEOUT, modules=list(DEEPSPEED_MODULES),
+                   env={"DS_ACCELERATOR": os.environ["DS_ACCELERATOR"]})
 
 
 def prepare() -> None:
