@@ -73,7 +73,8 @@ def test_slides_are_reveal_js_of_the_core_path(kit):
 def test_the_guide_has_agendas_from_measured_figures_and_the_day_s_problems(kit):
     guide = (kit / "INSTRUCTOR.md").read_text()
     for needed in ("### 90 minutes", "### Half a day", "--allow-root", "WSL", "proxy", "2-core",
-                   'backend="nccl"', "**Q:**", "Live demo:", "Attendees alone:", "`ddp-lab check`"):
+                   'backend="nccl"', "**Q:**", "Live demo:", "Attendees alone:", "`ddp-lab check`",
+                   "`ddp-lab build-ops`", "OpBuildError", "C++ compiler", "Python headers", "g++ python3-dev"):
         assert needed in guide, needed
     # 98: 13 words off the `deeper` and `solution` cells; three code cells recorded 2.5 s each
     # (7.5 s); 0.1 min reading + 2 x 7.5 s + 5 min alone -> a 10-minute slot
