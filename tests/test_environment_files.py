@@ -73,3 +73,14 @@ def test_ci_installs_chromium_and_requires_the_browser_tests():
     ci = (ROOT / ".ci/run").read_text()
     assert "apt-get install -y -qq chromium" in ci and "DDP_LAB_REQUIRE_BROWSER=1" in ci
     assert "playwright" in _names((ROOT / "requirements.txt").read_text().splitlines())
+
+
+def test_binder_installs_a_cjk_font_and_the_site_names_one():
+    """The quotations of lessons 00, 04 and 05 are Chinese: Binder's image gets a CJK font and
+    the site's font stack names it (tests/kit/test_site.py checks the built pages)."""
+    apt = [l.strip() for l in (ROOT / "binder/apt.txt").read_text().splitlines() if not l.startswith("#")]
+    assert "fonts-noto-cjk" in apt
+    from ddp_lab.kit.site import FONTS
+    assert "Noto Sans CJK SC" in FONTS
+    assert any("\u4e00" <= ch <= "\u9fff" for nb in ("00", "04", "05")
+               for path in (ROOT / "notebooks").glob(f"{nb}_*.ipynb") for ch in path.read_text())
