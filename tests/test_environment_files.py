@@ -73,3 +73,44 @@ def test_ci_installs_chromium_and_requires_the_browser_tests():
     ci = (ROOT / ".ci/run").read_text()
     assert "apt-get install -y -qq chromium" in ci and "DDP_LAB_REQUIRE_BROWSER=1" in ci
     assert "playwright" in _names((ROOT / "requirements.txt").read_text().splitlines())
+
+
+def test_binder_installs_a_cjk_font_and_the_site_names_one():
+    """The quotations of lessons 00, 04 and 05 are Chinese: Binder's image gets a CJK font and
+    the site's font stack names it (tests/kit/test_site.py checks the built pages)."""
+    apt = [l.strip() for l in (ROOT / "binder/apt.txt").read_text().splitlines() if not l.startswith("#")]
+    assert "fonts-noto-cjk" in apt
+    from ddp_lab.kit.site import FONTS
+    assert "Noto Sans CJK SC" in FONTS
+    assert any("\u4e00" <= ch <= "\u9fff" for nb in ("00", "04", "05")
+               for path in (ROOT / "notebooks").glob(f"{nb}_*.ipynb") for ch in path.read_text())
+
+
+def test_binder_turns_jupyterlab_s_news_pop_up_off_where_jupyterlab_reads_it(tmp_path):
+    """binder/postBuild copies jupyter/ddp-lab-overrides.json into the environment's
+    share/jupyter/lab/settings/overrides.d/; JupyterLab's own reader then turns news off."""
+    import json
+    import subprocess
+    import sys
+
+    from jupyterlab.commands import get_app_dir
+    from jupyterlab_server.settings_utils import _get_overrides
+
+    settings = json.loads((ROOT / "jupyter/ddp-lab-overrides.json").read_text())
+    schema = json.loads((Path(get_app_dir()) / "schemas/@jupyterlab/apputils-extension/notification.json").read_text())
+    assert set(settings["@jupyterlab/apputils-extension:notification"]) <= set(schema["properties"])
+    # run postBuild's own lines (not its pip install) with a python whose prefix is tmp_path
+    post = (ROOT / "binder/postBuild").read_text()
+    assert "share/jupyter/lab/settings/overrides.d" in post
+    lines = post[post.index("settings="):]
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "python").write_text(f"#!/bin/sh\necho {tmp_path}\n")
+    (fake / "python").chmod(0o755)
+    subprocess.run(["bash", "-euo", "pipefail", "-c", lines], cwd=ROOT, check=True,
+                   env={"PATH": f"{fake}:/usr/bin:/bin"})
+    # where JupyterLab looks: {sys.prefix}/share/jupyter/lab/settings (its app settings dir)
+    assert Path(get_app_dir()) == Path(sys.prefix) / "share/jupyter/lab"
+    overrides, error = _get_overrides(str(tmp_path / "share/jupyter/lab/settings"))
+    assert error == "" and overrides["@jupyterlab/apputils-extension:notification"] == {
+        "fetchNews": "false", "checkForUpdates": False}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 def add_commands(sub) -> None:
     sub.add_parser("check", help="pre-flight check for a workshop: python, torch, two ranks, "
-                   "JupyterLab").set_defaults(func=check)
+                   "DeepSpeed's op, JupyterLab").set_defaults(func=check)
     ws = sub.add_parser("workshop", help="the workshop kit: student and instructor notebooks, slides, guide")
     ws.add_argument("action", choices=["build"])
     ws.add_argument("out", help="output folder")

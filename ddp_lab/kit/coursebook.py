@@ -103,28 +103,64 @@ def lesson_notebooks(folder="notebooks") -> list[LessonNotebook]:
 
 
 def student_copy(nb):
-    """The notebook without its `solution` cells (and a Solutions heading left empty), with the
-    outputs of `exercise` cells cleared; every other cell keeps its executed outputs."""
+    """The notebook without its `solution` cells (and any heading they leave with nothing under
+    it, e.g. a "## Solutions" at the end of the recap's cell), with the outputs of `exercise`
+    cells cleared; every other cell keeps its executed outputs."""
     nb = copy.deepcopy(nb)
     cells = [c for c in nb.cells if "solution" not in tags(c)]
-    keep = []
-    for i, cell in enumerate(cells):
-        if _is_solutions_heading(cell) and _heading_is_empty(cells, i):
-            continue
+    for cell in cells:
         if cell.cell_type == "code" and "exercise" in tags(cell):
             cell.outputs, cell.execution_count = [], None
-        keep.append(cell)
-    nb.cells = keep
+    nb.cells = drop_empty_headings(cells)
     return nb
 
 
-def _is_solutions_heading(cell) -> bool:
-    return cell.cell_type == "markdown" and bool(re.match(r"#+\s*(\d+\s*·\s*)?Solutions?\b", cell.source.strip()))
+_HEADING = re.compile(r"^(#{1,6})\s")
 
 
-def _heading_is_empty(cells, i) -> bool:
-    nxt = cells[i + 1] if i + 1 < len(cells) else None
-    return nxt is None or (nxt.cell_type == "markdown" and nxt.source.lstrip().startswith("#"))
+def _lines(cell) -> list[str]:
+    """A markdown cell's lines, with those inside ``` fences marked as text (never a heading)."""
+    out, fenced = [], False
+    for line in cell.source.splitlines():
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+        out.append(("\0" if fenced else "") + line)
+    return out
+
+
+def _level(line: str) -> int | None:
+    m = _HEADING.match(line)
+    return len(m.group(1)) if m else None
+
+
+def empty_headings(cells) -> list[tuple[int, int]]:
+    """(cell index, line index) of every markdown heading with nothing under it: what follows it,
+    in its cell or the next ones, is a heading of the same or a higher level, or the end."""
+    flat = []  # (cell, line, level or None) of every non-blank line; a code cell is one line
+    for ci, cell in enumerate(cells):
+        if cell.cell_type == "markdown":
+            flat += [(ci, li, _level(l)) for li, l in enumerate(_lines(cell)) if l.strip()]
+        elif cell.source.strip():
+            flat.append((ci, 0, None))
+    found = []
+    for k, (ci, li, level) in enumerate(flat):
+        if level is None:
+            continue
+        nxt = flat[k + 1][2] if k + 1 < len(flat) else 0
+        if k + 1 == len(flat) or (nxt is not None and nxt <= level):
+            found.append((ci, li))
+    return found
+
+
+def drop_empty_headings(cells):
+    """The cells without any heading that has nothing under it (and without cells left empty)."""
+    while found := empty_headings(cells):
+        for ci, li in reversed(found):
+            lines = cells[ci].source.splitlines()
+            del lines[li]
+            cells[ci].source = "\n".join(lines).rstrip()
+        cells = [c for c in cells if c.cell_type != "markdown" or c.source.strip()]
+    return cells
 
 
 def slides_copy(nb):

@@ -145,6 +145,12 @@ MACHINE_PROBLEMS: list[tuple[str, str, str]] = [
      "imports torch (a few seconds). A busy laptop makes runs slower, not different.",
      "Close other heavy programs; keep the panels' world size at 2; run `ddp-lab check` first: "
      "its launch time says how the day will feel."),
+    ("DeepSpeed's op not built (lesson 12)",
+     "`ddp-lab check` fails its `deepspeed` line; lesson 12's ZeRO-3 runs fail on every rank with "
+     "`OpBuildError` naming `ddp-lab build-ops` (a rank never compiles the op itself).",
+     "Run `ddp-lab build-ops` once before the day (a few minutes, then instant). It needs a C++ "
+     "compiler and the Python headers: `apt-get install g++ python3-dev` (Debian/Ubuntu), "
+     "`xcode-select --install` (macOS); `ddp-lab check` names whichever is missing."),
     ("A multi-GB download",
      "`pip install torch` without the CPU index pulls the CUDA build on Linux.",
      "Install from `requirements.txt`, which names the CPU index."),

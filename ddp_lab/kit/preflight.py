@@ -1,8 +1,10 @@
 """`ddp-lab check`: the attendees' pre-flight check before a workshop.
 
 One line per check; exit status 0 only when every check passes. It checks what the day needs:
-Python, the torch release and build, that two real ranks launch (and how long that took), and
-that JupyterLab and ipywidgets are installed, and importable by the notebook kernel.
+Python, the torch release and build, that two real ranks launch (and how long that took), that
+DeepSpeed's C++ op is built and loads with this torch and Python (lesson 12's ranks refuse to
+compile it; when it is not built, whether gcc/g++ and the Python headers are here to build it),
+and that JupyterLab and ipywidgets are installed, and importable by the notebook kernel.
 """
 from __future__ import annotations
 
@@ -93,6 +95,44 @@ def two_ranks(timeout: float = 60) -> Item:
                  "a firewall or VPN can block localhost ports; try again off the VPN, or ask the instructor")
 
 
+def deepspeed_op() -> Item:
+    """DeepSpeed's one C++ op (lesson 12 and the doctor's zero3): built for this torch and Python,
+    and loadable; when not, what building it needs and the one command that builds it."""
+    from ..instruments import deepspeed_ops as ops
+
+    try:
+        metadata.version("deepspeed")
+    except metadata.PackageNotFoundError:
+        return Item("deepspeed", False, "not installed (lesson 12 needs it)",
+                     "pip install -r requirements.txt (it pins deepspeed)")
+    folder = ops.build_dir()
+    if ops.stale_lock(folder) is not None:
+        return Item("deepspeed", False, f"a killed build left {folder / 'lock'}: lesson 12 would wait "
+                     "on it forever", f"{ops.COMMAND} (it removes a dead build's lock and builds the op)")
+    if not ops.is_built(folder):
+        detail = f"its {ops.NAME} op is not built in {folder}: lesson 12 fails with OpBuildError"
+        try:
+            ops.require_toolchain()
+        except ops.OpBuildError as exc:
+            missing = str(exc).split("missing ", 1)[-1]
+            return Item("deepspeed", False, detail + ", and this machine cannot build it yet",
+                         f"{missing}; then {ops.COMMAND} (once, a few minutes)")
+        return Item("deepspeed", False, detail + " (gcc/g++ and the Python headers are here to build it)",
+                     f"{ops.COMMAND} (once, a few minutes)")
+    try:  # built by another torch or Python, it does not load: say so now, not in a rank
+        import importlib.util
+
+        import torch  # noqa: F401  (the op links against torch's libraries)
+        so = folder / f"{ops.NAME}.so"
+        spec = importlib.util.spec_from_file_location(ops.NAME, so)
+        spec.loader.exec_module(importlib.util.module_from_spec(spec))
+    except Exception as exc:
+        return Item("deepspeed", False, f"its {ops.NAME} op in {folder} does not load with this "
+                     f"torch/Python ({type(exc).__name__}: {exc})", f"rm -r {folder} && {ops.COMMAND}")
+    return Item("deepspeed", True, f"{metadata.version('deepspeed')}, its {ops.NAME} op built and "
+                 f"loads ({folder})")
+
+
 def installed(dist_name: str) -> Item:
     """Installed in this environment (its metadata: importing JupyterLab takes seconds)."""
     try:
@@ -128,7 +168,7 @@ def notebook_kernel() -> Item:
 
 
 ITEMS: tuple[Callable[[], Item], ...] = (
-    python_version, torch_build, two_ranks,
+    python_version, torch_build, two_ranks, deepspeed_op,
     lambda: installed("jupyterlab"), lambda: installed("ipywidgets"), notebook_kernel,
 )
 

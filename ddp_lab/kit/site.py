@@ -23,14 +23,26 @@ from .coursebook import LessonNotebook, lesson_notebooks
 from .staging import staged
 
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
-_STYLE = """<style>
-.ddp-nav{display:flex;gap:1.5em;padding:.6em 1em;border-bottom:1px solid #ccc;font:15px sans-serif;
-  position:sticky;top:0;background:#fff;z-index:10}
-.ddp-nav a{text-decoration:none}
-.ddp-index{font:16px sans-serif;max-width:60em;margin:2em auto;padding:0 1em}
-.ddp-index table{border-collapse:collapse}.ddp-index td,.ddp-index th{padding:.3em .8em;
-  border-bottom:1px solid #ddd;text-align:left;vertical-align:top}
+# The lessons quote Chinese (00, 04, 05): name CJK fonts after the Latin ones, so a machine with
+# any of them shows the characters, not empty boxes (binder/apt.txt installs fonts-noto-cjk).
+CJK = "'Noto Sans CJK SC','Noto Sans SC','Source Han Sans SC','PingFang SC','Microsoft YaHei','WenQuanYi Micro Hei'"
+FONTS = f"system-ui,-apple-system,'Segoe UI',helvetica,arial,{CJK},sans-serif"
+MONO = f"menlo,consolas,'DejaVu Sans Mono',{CJK.replace('Sans', 'Sans Mono', 1)},{CJK},monospace"
+# No favicon.ico request (a 404 on every static host without one): an empty icon, inline.
+_ICON = '<link rel="icon" href="data:,">'
+_STYLE = _ICON + f"""<style>
+:root{{--jp-content-font-family:{FONTS};--jp-ui-font-family:{FONTS};--jp-code-font-family:{MONO}}}
+.ddp-nav{{display:flex;gap:1.5em;padding:.6em 1em;border-bottom:1px solid #ccc;font-size:15px;
+  font-family:{FONTS};position:sticky;top:0;background:#fff;z-index:10}}
+.ddp-nav a{{text-decoration:none}}
+.ddp-index{{font-size:16px;font-family:{FONTS};max-width:60em;margin:2em auto;padding:0 1em}}
+.ddp-index table{{border-collapse:collapse}}.ddp-index td,.ddp-index th{{padding:.3em .8em;
+  border-bottom:1px solid #ddd;text-align:left;vertical-align:top}}
 </style>"""
+# nbconvert's lab template loads require.js and MathJax from a CDN; no page has maths and the
+# widgets are gone (_static), so both go: the site works offline (a workshop room's network).
+_REMOTE_SCRIPT = re.compile(r'<script[^>]*\bsrc="https?://[^"]*"[^>]*>\s*</script>\s*')
+_MATHJAX_CONFIG = re.compile(r'<script type="text/x-mathjax-config">.*?</script>', re.S)
 
 
 def _static(nb):
@@ -58,8 +70,9 @@ def lesson_page(lessons: list[LessonNotebook], i: int) -> str:
 
     exporter = HTMLExporter(template_name="lab")
     body, _ = exporter.from_notebook_node(_static(lessons[i].nb))
-    title = html.escape(f"{lessons[i].id} · {lessons[i].title}")
+    title = html.escape(f"{lessons[i].id} · {_plain(lessons[i].title)}")
     body = body.replace("<title>Notebook</title>", f"<title>{title}</title>", 1)
+    body = _MATHJAX_CONFIG.sub("", _REMOTE_SCRIPT.sub("", body))
     body = body.replace("</head>", _STYLE + "</head>", 1)
     start = body.index(">", body.index("<body")) + 1
     nav = _nav(lessons, i)
@@ -73,6 +86,11 @@ def what_goes_wrong(readme: Path) -> dict[str, str]:
         return {}
     rows = re.findall(r"^\| (\d\d) \| \[[^\]]+\]\([^)]+\) \| (.+?) \|\s*$", readme.read_text(), re.M)
     return dict(rows)
+
+
+def _plain(text: str) -> str:
+    """Markdown `code` as plain text (a <title> shows no markup)."""
+    return re.sub(r"`([^`]+)`", r"\1", text)
 
 
 def _inline(text: str) -> str:

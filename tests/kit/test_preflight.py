@@ -8,7 +8,8 @@ from ddp_lab.cli import main
 def test_check_passes_here_with_one_line_per_check(capsys):
     assert main(["check"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert [l.split()[1] for l in lines[:-1]] == ["python", "torch", "two", "jupyterlab", "ipywidgets", "kernel"]
+    assert [l.split()[1] for l in lines[:-1]] == ["python", "torch", "two", "deepspeed", "jupyterlab", "ipywidgets",
+                                                  "kernel"]
     assert all(l.startswith("ok") for l in lines[:-1]) and lines[-1].startswith("all checks passed")
     assert "all_reduce gave 3.0 on both, in" in lines[2]
 
@@ -33,3 +34,49 @@ def test_a_kernel_that_cannot_import_the_course_is_named(monkeypatch):
 def test_torch_release_parsing():
     assert preflight._release("2.13.0+cpu") == (2, 13, 0)
     assert preflight._release("2.4.0a0+git123") == (2, 4, 0)
+
+
+def test_an_unbuilt_deepspeed_op_fails_the_check_and_names_build_ops(tmp_path, monkeypatch, capsys):
+    """An empty TORCH_EXTENSIONS_DIR: lesson 12 would fail with OpBuildError, so check must not
+    say "ready"; here gcc and the Python headers are present, so the fix is build-ops alone."""
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    assert main(["check"]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    at = next(i for i, l in enumerate(lines) if l.split()[1] == "deepspeed")
+    assert lines[at].startswith("FAIL") and "not built in" in lines[at] and str(tmp_path) in lines[at]
+    assert "gcc/g++ and the Python headers are here" in lines[at]
+    assert lines[at + 1].strip() == "fix: ddp-lab build-ops (once, a few minutes)"
+    assert lines[-1] == "1 check(s) failed" and not any("all checks passed" in l for l in lines)
+
+
+def test_without_a_compiler_or_python_headers_the_check_names_them(tmp_path, monkeypatch):
+    from ddp_lab.instruments import deepspeed_ops
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    monkeypatch.setenv("CXX", "no-such-compiler-ddp-lab")
+    monkeypatch.setattr(deepspeed_ops.sysconfig, "get_paths", lambda: {"include": str(tmp_path / "no-include")})
+    result = preflight.deepspeed_op()
+    assert not result.ok and "cannot build it yet" in result.detail
+    assert "install gcc/g++" in result.fix and "install python3-dev" in result.fix
+    assert result.fix.endswith("then ddp-lab build-ops (once, a few minutes)")
+
+
+def test_a_killed_build_lock_fails_the_check(tmp_path, monkeypatch):
+    import os
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    lock = tmp_path / "deepspeed_shm_comm" / "lock"
+    lock.parent.mkdir()
+    lock.touch()
+    os.utime(lock, (1, 1))  # old, and no process builds there: a dead build's
+    result = preflight.deepspeed_op()
+    assert not result.ok and str(lock) in result.detail and result.fix.startswith("ddp-lab build-ops")
+
+
+def test_an_op_that_does_not_load_with_this_torch_is_named(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    (tmp_path / "deepspeed_shm_comm").mkdir()
+    (tmp_path / "deepspeed_shm_comm" / "deepspeed_shm_comm.so").write_bytes(b"not a shared object")
+    result = preflight.deepspeed_op()
+    assert not result.ok and "does not load with this torch/Python" in result.detail
+    assert result.fix == f"rm -r {tmp_path / 'deepspeed_shm_comm'} && ddp-lab build-ops"

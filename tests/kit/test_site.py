@@ -55,6 +55,54 @@ def test_each_page_has_its_figures_tables_and_navigation(site):
         assert "VBox(children" not in page and "widget-view+json" not in page
 
 
+def test_the_pages_load_nothing_from_the_network_and_titles_are_plain(site):
+    for path in [site / "index.html", *(site / f"{nb.stem}.html" for nb in NOTEBOOKS)]:
+        page = path.read_text()
+        assert not re.findall(r'<script[^>]*\bsrc="(?:https?:)?//', page), path.name  # no CDN script
+        assert not re.findall(r'<link[^>]*\bhref="(?:https?:)?//', page), path.name
+        assert '<link rel="icon" href="data:,">' in page, path.name  # no favicon.ico request
+        title = re.search(r"<title>(.*?)</title>", page).group(1)
+        assert "`" not in title and "<" not in title, (path.name, title)
+        assert "Noto Sans CJK SC" in page, path.name  # the quotations' font stack
+
+
+@pytest.fixture
+def served(site):
+    """The site on a local HTTP server, as a static host serves it (favicon requests included)."""
+    import functools
+    import http.server
+    import threading
+
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(site))
+    handler.log_message = lambda *a: None
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+    thread.join(timeout=5)
+
+
+def test_every_page_works_offline_without_a_console_error(served, browser):
+    """Only the local server answers (any other host is cut off, as in a room without a network);
+    no page may log a console error, fail a request or get a 4xx/5xx (a missing favicon.ico)."""
+    context = browser.new_context()
+    context.route("**/*", lambda route: route.continue_() if route.request.url.startswith(served)
+                  else route.abort("internetdisconnected"))
+    page = context.new_page()
+    problems = []
+    page.on("console", lambda m: m.type == "error" and problems.append(f"console: {m.text}"))
+    page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
+    page.on("requestfailed", lambda r: problems.append(f"failed: {r.url}"))
+    page.on("response", lambda r: r.status >= 400 and problems.append(f"{r.status}: {r.url}"))
+    for name in ["index.html", *(f"{nb.stem}.html" for nb in NOTEBOOKS)]:
+        page.goto(f"{served}/{name}", wait_until="load")
+        page.wait_for_timeout(200)  # a favicon request follows the load
+        assert problems == [], (name, problems)
+    context.close()
+
+
 def test_chromium_renders_every_page_with_its_figures(site, browser):
     page = browser.new_page()
     page.goto((site / "index.html").as_uri())

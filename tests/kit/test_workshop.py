@@ -1,5 +1,6 @@
 """`ddp-lab workshop build OUT`: student and instructor notebooks, slides and the guide, from
 the notebooks' tags and the figures measured on them."""
+import re
 import shutil
 from pathlib import Path
 
@@ -9,7 +10,7 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_outp
 
 from conftest import REPO as ROOT
 from ddp_lab.cli import main
-from ddp_lab.kit.coursebook import lesson_notebooks, student_copy, tags
+from ddp_lab.kit.coursebook import empty_headings, lesson_notebooks, student_copy, tags
 from ddp_lab.kit.guide import agenda, _short_order, slot_minutes
 
 
@@ -73,7 +74,8 @@ def test_slides_are_reveal_js_of_the_core_path(kit):
 def test_the_guide_has_agendas_from_measured_figures_and_the_day_s_problems(kit):
     guide = (kit / "INSTRUCTOR.md").read_text()
     for needed in ("### 90 minutes", "### Half a day", "--allow-root", "WSL", "proxy", "2-core",
-                   'backend="nccl"', "**Q:**", "Live demo:", "Attendees alone:", "`ddp-lab check`"):
+                   'backend="nccl"', "**Q:**", "Live demo:", "Attendees alone:", "`ddp-lab check`",
+                   "`ddp-lab build-ops`", "OpBuildError", "C++ compiler", "Python headers", "g++ python3-dev"):
         assert needed in guide, needed
     # 98: 13 words off the `deeper` and `solution` cells; three code cells recorded 2.5 s each
     # (7.5 s); 0.1 min reading + 2 x 7.5 s + 5 min alone -> a 10-minute slot
@@ -88,6 +90,43 @@ def test_every_committed_lesson_loses_only_its_solutions():
         kept = [c for c in lesson.nb.cells if not {"solution", "exercise"} & set(tags(c))]
         assert sum(len(c.get("outputs", [])) for c in kept) == \
             sum(len(c.get("outputs", [])) for c in student.cells if "exercise" not in tags(c))
+
+
+def _headings_with_nothing_under(nb) -> list[str]:
+    """Independent of the kit's own finder: each markdown heading line, and what comes after it."""
+    items = []  # ("h", level, text) or ("x", 0, text), in reading order
+    for cell in nb.cells:
+        if cell.cell_type != "markdown":
+            items += [("x", 0, "code")] if cell.source.strip() else []
+            continue
+        fenced = False
+        for line in cell.source.splitlines():
+            if line.lstrip().startswith("```"):
+                fenced = not fenced
+            heading = not fenced and re.match(r"(#+) ", line)
+            if heading:
+                items.append(("h", len(heading.group(1)), line))
+            elif line.strip():
+                items.append(("x", 0, line))
+    return [text for i, (kind, level, text) in enumerate(items) if kind == "h" and
+            (i + 1 == len(items) or (items[i + 1][0] == "h" and items[i + 1][1] <= level))]
+
+
+def test_no_student_notebook_keeps_a_heading_with_nothing_under_it():
+    for lesson in lesson_notebooks(ROOT / "notebooks"):
+        assert _headings_with_nothing_under(student_copy(lesson.nb)) == [], lesson.stem
+    # 13's "## Solutions" closes its recap cell, which is not tagged: only the heading goes
+    nb13 = nbformat.read(ROOT / "notebooks" / "13_hangs.ipynb", as_version=4)
+    assert next(c for c in nb13.cells if c.source.startswith("## Recap")).source.endswith("## Solutions")
+    student = student_copy(nb13)
+    recap = next(c for c in student.cells if c.source.startswith("## Recap"))
+    assert "Solutions" not in recap.source and recap.source.endswith("(hangs 3 and 4, not DDP's hang 1 on this build, and not a slow rank).")
+
+
+def test_empty_headings_are_found_within_and_across_cells():
+    cells = [_cell("md", "# Top\n\ntext\n\n## Empty"), _cell("md", "## Next\n### Sub\n\nbody"),
+             _cell("md", "## Fence\n```\n# not a heading\n```"), _cell("md", "## Last")]
+    assert empty_headings(cells) == [(0, 4), (3, 0)]
 
 
 def test_the_agendas_fit_their_time_from_the_committed_notebooks():

@@ -28,3 +28,28 @@ def test_every_notebook_is_a_lesson():
     declared = {l.notebook for l in LESSONS.values()} | NOT_IN_REGISTRY
     found = {p.stem for p in (ROOT / "notebooks").glob("*.ipynb") if re.match(r"\d\d_", p.name)}
     assert found - declared == set(), f"notebooks without a registry lesson: {found - declared}"
+
+
+def test_every_notebook_title_reads_lesson_nn():
+    """One form for every title ("Lesson 00 · ..." as "Lesson 13 · ..."): the site, the slides and
+    the workshop guide show them side by side."""
+    import json
+
+    for path in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")):
+        first = json.loads(path.read_text())["cells"][0]
+        heading = "".join(first["source"]).splitlines()[0]
+        assert first["cell_type"] == "markdown" and heading.startswith(f"# Lesson {path.name[:2]} · "), \
+            (path.name, heading)
+
+
+def test_the_source_document_is_said_where_it_first_appears():
+    """The README's lesson table and notebook 00's first cell name "the source document": each
+    says what it is there, not only in lesson 00's section 5."""
+    import json
+
+    readme = (ROOT / "README.md").read_text()
+    said = readme.index("*The source document* is the text this course grew from")
+    assert said < readme.index("the source document's own example")
+    nb00 = json.loads((ROOT / "notebooks" / "00_launching_ranks.ipynb").read_text())
+    first = "".join(nb00["cells"][0]["source"])
+    assert "the source document" in first and "*The source document* is the text this course grew from" in first

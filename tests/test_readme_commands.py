@@ -1,0 +1,101 @@
+"""Every command the README shows runs as shown (from the repository's root, where the README
+runs them). The commands are read from the README itself: each line of a code block that starts
+with `ddp-lab`, `.venv/bin/...` or `python3 -m venv`, and every inline `ddp-lab doctor examples/...`.
+Each is either run here, in this process (the doctor's examples, on the files in `examples/`,
+with the output lines the README prints under them), or named below with the test that already
+runs it, or a synopsis with placeholders. A command added to the README that is none of these
+fails `test_every_readme_command_is_run_somewhere`."""
+import re
+import shlex
+
+import pytest
+
+from conftest import REPO as ROOT
+from ddp_lab.cli import main
+
+README = (ROOT / "README.md").read_text()
+PLACEHOLDER = re.compile(r"\[|path/to/|\bOUT\b|\.\.\.")
+
+# command -> (the test file that runs it, a fragment of that file which is the run)
+ELSEWHERE = {
+    "python3 -m venv .venv && .venv/bin/pip install -r requirements.txt && .venv/bin/ddp-lab build-ops "
+    "&& .venv/bin/ddp-lab tour": (".ci/run", "python3 -m venv .venv && .venv/bin/pip install -r requirements.txt"
+                                  " && .venv/bin/ddp-lab build-ops && .venv/bin/ddp-lab tour"),
+    ".venv/bin/python -m pytest": (".ci/run", ".venv/bin/python -m pytest"),
+    ".venv/bin/torchrun --nproc-per-node 2 -m ddp_lab run 00 source_example --variant fixed":
+        ("tests/test_cli.py", '"-m", "ddp_lab", "run", "00", "source_example", "--variant", "fixed"'),
+    "ddp-lab list": ("tests/test_cli.py", 'main(["list"])'),
+    "ddp-lab check": ("tests/kit/test_preflight.py", 'main(["check"])'),
+}
+SYNOPSES_RUN_AS = {  # a synopsis line -> where its plain form runs
+    "ddp-lab run": ("tests/test_cli.py", 'main(["run", "00", "rank_exits"])'),
+    "ddp-lab tour": ("tests/test_cli.py", 'main(["tour", "--lesson", "00"'),
+    "ddp-lab doctor": ("tests/test_readme_commands.py", "def test_the_doctor_examples_run_as_shown"),
+    "ddp-lab workshop build": ("tests/kit/test_workshop.py", 'main(["workshop", "build"'),
+    "ddp-lab site build": ("tests/kit/test_site.py", 'main(["site", "build"'),
+}
+
+
+def readme_commands() -> list[tuple[str, list[str]]]:
+    """(command, the comment lines printed under it) for every command the README shows."""
+    found = []
+    for block in re.findall(r"```[a-z]*\n(.*?)```", README, re.S):
+        lines = block.splitlines()
+        i = 0
+        while i < len(lines):
+            line = lines[i].strip()
+            i += 1
+            if not re.match(r"(ddp-lab |\.venv/bin/|python3 -m venv )", line):
+                continue
+            while line.endswith("\\"):
+                line = line[:-1].rstrip() + " " + lines[i].strip()
+                i += 1
+            line = line.split("  #", 1)[0].strip()  # a synopsis's comment
+            shown = []
+            while i < len(lines) and lines[i].startswith("#"):
+                shown.append(lines[i].lstrip("#").strip())
+                i += 1
+            found.append((line, shown))
+    for cmd in re.findall(r"`(?:time )?(ddp-lab doctor examples/[^`]+)`", README):
+        found.append((cmd, []))
+    return found
+
+
+def _doctor_examples():
+    return [(c, shown) for c, shown in readme_commands() if c.startswith("ddp-lab doctor examples/")]
+
+
+def test_every_readme_command_is_run_somewhere():
+    commands = readme_commands()
+    assert len(_doctor_examples()) == 3, commands  # bert, layerdrop, ten_layers
+    for command, _ in commands:
+        if command.startswith("ddp-lab doctor examples/"):
+            continue  # run below
+        if command in ELSEWHERE:
+            where, fragment = ELSEWHERE[command]
+        else:
+            assert PLACEHOLDER.search(command), f"the README shows {command!r}: run it here or name its test"
+            where, fragment = next(v for k, v in SYNOPSES_RUN_AS.items() if command.startswith(k))
+        assert fragment in (ROOT / where).read_text(), (command, where)
+
+
+def _words(text: str) -> str:
+    return " ".join(text.split())
+
+
+@pytest.mark.parametrize("command, shown", _doctor_examples(), ids=lambda v: v if isinstance(v, str) else "")
+def test_the_doctor_examples_run_as_shown(command, shown, monkeypatch, capsys):
+    """`ddp-lab doctor examples/X.py:Name ...`, in this process (its fork server warm: about
+    a second each): the file exists, the module loads, and the README's printed lines are there."""
+    monkeypatch.chdir(ROOT)
+    argv = shlex.split(command)
+    assert argv[0] == "ddp-lab"
+    code = main(argv[1:])
+    out = _words(capsys.readouterr().out)
+    for line in shown:
+        assert _words(line.removesuffix("...")) in out, (line, out)
+    assert code == (1 if any(l.startswith("ERROR") for l in shown) else 0), out
+    if "layerdrop" in command:  # an info, not an error, under find_unused_parameters=True
+        assert "ERROR" not in out, out
+    if "ten_layers" in command:  # nothing wrong with it
+        assert "ERROR" not in out and "WARNING" not in out, out
