@@ -88,6 +88,7 @@ class CompileWatch:
         self.own = own  # more file fragments that are not the user's code (the doctor's)
         self.graphs: list[list[str]] = []  # each compiled graph's ops, in order
         self.lines: list[list[str]] = []  # each compiled graph's ops' user lines
+        self.reasons: list[str] = []  # why each graph ends where it does, when torch says why
         self.backward_runs = 0
         self.steps: list[Step] = []
         self._breaks, self._recompiles = _Records(), _Records()
@@ -100,6 +101,8 @@ class CompileWatch:
         nodes = [n for n in gm.graph.nodes if n.op in ("call_function", "call_method", "call_module")]
         self.graphs.append([getattr(n.target, "__name__", str(n.target)) for n in nodes])
         self.lines.append([user_frame(n.meta.get("stack_trace") or "", self.own)[0] for n in nodes])
+        why = getattr(gm, "compile_subgraph_reason", None)  # DDPOptimizer sets it on its splits
+        self.reasons.append(str(why.reason) if why is not None and why.graph_break else "")
         return aot_eager(gm, example_inputs, bw_compiler=self._counted_backward, **kwargs)
 
     def _counted_backward(self, gm, example_inputs):
@@ -168,6 +171,11 @@ class CompileWatch:
         return Recompile(fn.group(1) if fn else "?", guard, where)
 
     # --- summaries ----------------------------------------------------------------------
+    @property
+    def break_messages(self) -> list[str]:
+        """Every graph break as dynamo logged it (reason, user code traceback)."""
+        return list(self._breaks.messages)
+
     def user_breaks(self) -> list[Break]:
         """The graph breaks whose cause lies in user code, each once."""
         seen, out = set(), []

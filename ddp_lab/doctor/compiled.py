@@ -150,7 +150,7 @@ def _differ(values: list[dict], where) -> list[Finding]:
     ev = [f"rank {r}: {len(g)} graph(s), {sum(map(len, g))} ops" for r, g in enumerate(ops)]
     at = _first_difference(values)
     if at:
-        ev.append(f"the first op that differs comes from {place(at, where)}")
+        ev.append(f"the first op only some ranks run comes from {place(at, where)}")
     return [Finding(
         "warning", "ranks-compile-different-graphs", LESSON,
         "the ranks compile different graphs (different ops, not only shapes)",
@@ -162,14 +162,17 @@ def _differ(values: list[dict], where) -> list[Finding]:
 
 
 def _first_difference(values: list[dict]) -> str:
-    """The user line of the first op where rank 0's graphs and another rank's differ."""
+    """The user line of the first op that one rank's graphs have and rank 0's do not (or the
+    other way round): the ops are aligned as a diff aligns lines."""
+    from difflib import SequenceMatcher
+
     flat = [[(op, line) for g, ls in zip(v["graphs"], v["lines"]) for op, line in zip(g, ls)]
             for v in values]
     for other in flat[1:]:
-        for (a, la), (b, lb) in zip(flat[0], other):
-            if a != b:
-                return la or lb
-        longer = flat[0] if len(flat[0]) > len(other) else other
-        if len(flat[0]) != len(other):
-            return longer[min(len(flat[0]), len(other))][1]
+        ops = SequenceMatcher(None, [op for op, _ in flat[0]], [op for op, _ in other], autojunk=False)
+        for tag, i1, _, j1, _ in ops.get_opcodes():
+            if tag in ("insert", "replace"):
+                return other[j1][1]
+            if tag == "delete":
+                return flat[0][i1][1]
     return ""

@@ -10,6 +10,7 @@ here is torch 2.13's behaviour; each Expect that pins one says so.
 """
 from __future__ import annotations
 
+from ..._sanitize import sanitize
 from ...registry import Expect, Lesson, ModuleCase, Scenario, Variant
 from ..l12_sharded_modules.modules import TiedLM, TiedLMFixed
 from .figures import figures
@@ -20,7 +21,8 @@ from .runs import (COMPILER_MODULES, MAX_LEN, lengths, token_batches, train_buck
                    train_checkpointed, train_ragged, train_warmup)
 from .runs_fsdp import train_sharded
 
-TIMEOUT = 120.0  # no scenario here hangs; a first compile on a loaded 2-core machine takes seconds
+TIMEOUT = 300.0  # no scenario here hangs; a first compile on a 2-core machine shared by other
+# jobs (load average 15) was seen to take a minute
 DDP_SPLIT = "DDPOptimizer intentional graph-break"
 MIXED = r"got mixed torch\.Tensor and DTensor"
 
@@ -32,6 +34,24 @@ def prepare() -> None:
     from ..._procs import prewarm
 
     prewarm(modules=list(COMPILER_MODULES))
+
+
+def recompile_log(rank_result) -> list[str]:
+    """What `TORCH_LOGS=recompiles` printed on a rank (CompileWatch turns it on), one entry per
+    recompile, without the log's prefix (time, pid) or dynamo's frame ids ("4/0"), paths
+    shortened: deterministic text."""
+    import re
+
+    entries: list[str] = []
+    for line in rank_result.stderr.splitlines():
+        if "[__recompiles]" not in line:
+            continue
+        text = re.sub(r"\b\d+/\d+: ", "", line.split("[__recompiles]", 1)[1][1:])
+        if text.startswith("Recompiling function"):
+            entries.append(text)
+        elif entries:
+            entries[-1] += "\n" + text
+    return [sanitize(e) for e in entries]
 
 
 def every_rank(check):
@@ -46,8 +66,8 @@ def _one_graph(v) -> str:
 
 
 def _split(v) -> str:
-    if v["graphs"] < 2 or not any(DDP_SPLIT in r for r in v["explain_reasons"]):
-        return f"{v['graphs']} graph(s), explain: {v['explain_reasons']}; expected DDPOptimizer's split"
+    if v["graphs"] < 2 or not any(DDP_SPLIT in r for r in v["split_reasons"]):
+        return f"{v['graphs']} graph(s), reasons: {v['split_reasons']}; expected DDPOptimizer's split"
     return ""
 
 
@@ -148,4 +168,5 @@ __all__ = ["LESSON", "CheckpointedNet", "LoggedBlock", "LoggedBlockFixed", "Tied
            "checkpointed_net_fixed", "features", "warmup_net", "warmup_net_fixed", "COMPILER_MODULES",
            "MAX_LEN", "lengths", "token_batches", "train_buckets", "train_checkpointed",
            "train_ragged", "train_warmup", "train_sharded", "prepare", "every_rank", "figures",
+           "recompile_log",
            "DDP_SPLIT", "TIMEOUT"]

@@ -15,7 +15,9 @@ PANELS = (("recompile_every_step", "broken", "int counter (WarmupGate)"),
 
 
 def draw_steps(ax, result, title: str, colour: str) -> None:
-    """Per rank: compiled step seconds (line), seconds compiling in it (crosses), eager (dashed)."""
+    """Per rank: compiled step seconds (line), seconds compiling in it (crosses; on the floor
+    line when it compiled nothing), the eager step (dashed). A rank that compiled nothing in a
+    step where another rank compiled is marked: it waited."""
     from matplotlib.ticker import MaxNLocator
 
     for r in result.ranks:
@@ -23,8 +25,11 @@ def draw_steps(ax, result, title: str, colour: str) -> None:
         steps = range(len(v["step_s"]))
         ax.plot(steps, v["step_s"], marker="o", ms=4, color=c, label=f"rank {r.rank}: compiled step")
         ax.plot(steps, [max(s, FLOOR) for s in v["compile_s"]], "x", ms=7, mew=2, color=c,
-                label=f"rank {r.rank}: of it compiling")
+                label=f"rank {r.rank}: compiling, in that step")
         ax.plot(steps, v["eager_s"], "--", lw=1, color=c, alpha=0.6, label=f"rank {r.rank}: eager step")
+    ax.axhline(FLOOR, color="grey", lw=0.8, ls=":")
+    ax.text(0, FLOOR * 1.3, "compiled nothing", fontsize=7, color="grey")
+    _mark_waits(ax, result)
     ax.set_yscale("log")
     ax.set_ylim(FLOOR / 2, None)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -34,10 +39,22 @@ def draw_steps(ax, result, title: str, colour: str) -> None:
     ax.grid(alpha=0.3)
 
 
+def _mark_waits(ax, result) -> None:
+    values = [r.value for r in result.ranks]
+    for step in range(1, len(values[0]["compile_s"])):
+        compiled = [v["compile_s"][step] > 0 for v in values]
+        for rank, v in enumerate(values):
+            if any(compiled) and not compiled[rank]:
+                ax.annotate(f"rank {rank} compiles nothing,\nwaits for the others", fontsize=7,
+                            xy=(step, v["step_s"][step]), xytext=(25, -45), textcoords="offset points",
+                            arrowprops={"arrowstyle": "->", "color": rank_colour(rank)})
+
+
 def figures(results) -> dict:
     fig, axes = figure(2, nrows=2, width=5.4, height=3.4, sharey=True,
                        title="Compiled DDP steps per rank (aot_eager): compile time, step time, eager")
     for ax, (name, which, title) in zip(axes, PANELS):
         draw_steps(ax, results[name][which], f"{which}: {title}", BROKEN if which == "broken" else FIXED)
-    axes[0].legend(fontsize=6, ncol=2, loc="upper right")
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncol=3, fontsize=8)
     return {"compile_and_step_time": fig}
