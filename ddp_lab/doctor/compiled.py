@@ -17,6 +17,10 @@ from .report import Finding
 
 OWN = ("/ddp_lab/doctor/", "/ddp_lab/probes.py", "/ddp_lab/modwalk.py")
 LESSON = "15"
+# seconds the compile launch gets at least: a first compile takes a rank about a second on an
+# idle 2-core machine and over 20 s at load average 11; the DDP phase, which ran first, already
+# caught a module that hangs
+COMPILE_TIMEOUT = 120.0
 
 
 def probe(source, example, steps: int, loss, amp, ddp_kwargs, plan) -> dict:
@@ -54,8 +58,8 @@ def check(source, example, steps, loss, amp, ddp_kwargs, plan, world_size, timeo
     from ..launcher import launch
 
     run = launch(probe, source, example, steps=steps, loss=loss, amp=amp, ddp_kwargs=ddp_kwargs,
-                 plan=plan, world_size=world_size, timeout=timeout, grace=2.0,
-                 label="doctor compile")
+                 plan=plan, world_size=world_size, timeout=max(timeout, COMPILE_TIMEOUT),
+                 grace=2.0, label="doctor compile")
     if run.status != "ok":
         return [_failed(run, where)]
     values = run.values
