@@ -3,7 +3,7 @@ bucket, recompiles from Python state, ranks that compile different graphs, check
 side effect, and FSDP2 compiled whole or per block.
 
 Every run compiles with `aot_eager` (dynamo + AOTAutograd, eager kernels): graphs, guards,
-recompiles and DDPOptimizer's splits are inductor's, the step is not faster. What is pinned
+recompiles and DDPOptimizer's splits are inductor's, compiling gains nothing. What is pinned
 here is torch 2.13's behaviour; each Expect that pins one says so.
 
 `modules` holds the modules, `runs` / `runs_fsdp` what each rank runs, `figures` the picture.

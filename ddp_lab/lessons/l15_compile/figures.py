@@ -1,8 +1,9 @@
 """Lesson 15's picture: per rank and per step, the seconds a compiled DDP step took, the seconds
 of it spent compiling, and the same step run eagerly -- broken beside fixed, for the Python
 counter (a recompile every step) and for ranks with different batch lengths (one rank
-recompiles, the other waits). Compiled with aot_eager: eager kernels, so a compiled step is
-never faster here; what the picture shows is what compiling costs and who pays it."""
+recompiles, the other waits). Compiled with aot_eager: eager kernels, so once compiled a step
+costs about what the eager one does (both move with the machine's load); what the picture shows
+is what compiling costs and who pays it."""
 from __future__ import annotations
 
 from ...plots import BROKEN, FIXED, figure, rank_colour

@@ -1,7 +1,7 @@
 """What each rank runs in lesson 15: a DDP training loop under `torch.compile`, watched by
 `ddp_lab.compilewatch.CompileWatch` (graphs, graph breaks, recompiles, compile seconds). The
 backend is `aot_eager` everywhere: dynamo's capture, guards, recompiles and DDPOptimizer's
-splits are those of inductor; the kernels are eager ones, so a compiled step is no faster.
+splits are those of inductor; the kernels are eager ones, so compiling gains nothing.
 
 Each function starts from `torch.compiler.reset()` and restores dynamo's config after it, so
 the scenarios can also run one after another in one process (under torchrun).
