@@ -20,7 +20,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ...compilewatch import CompileWatch
 from ...rankinfo import ddp_kwargs, device
-from .modules import Tower, TokenNet, VOCAB, WarmupGate, WarmupNet, features
+from .modules import VOCAB, TokenNet, Tower, WarmupGate, WarmupNet, checkpointed_net, features
 
 MAX_LEN = 24  # the longest sequence any rank's batch holds
 # What a rank's first torch.compile (aot_eager, under DDP or FSDP2) imports, measured with
@@ -148,14 +148,12 @@ def train_ragged(pad: bool = False, steps: int = 6, dynamic=None) -> dict:
 
 # --- 4. compile + activation checkpointing -------------------------------------------------------
 
-def train_checkpointed(build=None, steps: int = 3) -> dict:
+def train_checkpointed(build=checkpointed_net, steps: int = 3) -> dict:
     """A stack of checkpointed blocks (`build()`, default: the broken one) under DDP and
     torch.compile."""
-    from .modules import checkpointed_net
-
     rank = dist.get_rank()
     batches = [(features(rank) + step,) for step in range(steps)]
-    return _compiled_run(build or checkpointed_net, batches)
+    return _compiled_run(build, batches)
 
 
 __all__ = ["COMPILER_MODULES", "MAX_LEN", "lengths", "token_batches", "train_buckets", "train_checkpointed",
