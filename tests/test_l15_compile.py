@@ -98,6 +98,13 @@ def test_only_the_rank_with_other_lengths_recompiles_and_the_other_waits(runs):
     assert [v["graphs"] for v in fixed.values] == [1, 1]
 
 
+def test_dynamic_shapes_on_every_rank_also_keep_the_ranks_from_recompiling():
+    """The notebook's second fix: compiled with dynamic=True, every rank starts from a graph
+    with a dynamic length, and nothing recompiles, padded or not."""
+    result = launch(l15.train_ragged, timeout=l15.TIMEOUT, dynamic=True).raise_for_status()
+    assert [sum(v["recompiles_per_step"]) for v in result.values] == [0, 0]
+
+
 def test_a_side_effect_in_the_checkpoint_leaves_the_blocks_uncompiled(runs):
     broken, fixed = runs("checkpoint_side_effect", "broken"), runs("checkpoint_side_effect", "fixed")
     line = line_of(l15.LoggedBlock.mlp, "self.last = h.detach()")
