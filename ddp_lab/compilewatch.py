@@ -82,7 +82,9 @@ class _Records(logging.Handler):
 
 class CompileWatch:
     """Use `watch.backend` as `torch.compile(..., backend=watch.backend)` inside `with watch:`;
-    call `watch.step()` after each training step for what that step added."""
+    call `watch.step()` after each training step for what that step added. Entering turns on
+    torch's `graph_breaks` and `recompiles` logs (`torch._logging.set_logs`); leaving sets torch's
+    logging back to its defaults."""
 
     def __init__(self, own: tuple[str, ...] = ()):
         self.own = own  # more file fragments that are not the user's code (the doctor's)

@@ -1,6 +1,7 @@
 """Lesson 15 beyond the registry's declarations: what torch 2.13 reports for each scenario (the
 guard that fails, the graph break's reason and line, DDPOptimizer's split, the trace-time DTensor
-error), the modules' arithmetic in one process, the checker and the figure. The scenario runs
+error), the modules' arithmetic in one process, the second fix for ragged ranks and the figure (the
+checker is the notebook's exercise, run there). The scenario runs
 are shared with test_registry through the `runs` fixture."""
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ import pytest
 import torch
 
 from ddp_lab import launch, parting
-from ddp_lab.exercise import check
 from ddp_lab.lessons import l15_compile as l15
 from ddp_lab.registry import get_lesson
 
@@ -75,9 +75,9 @@ def test_the_counter_fails_its_guard_on_every_step(runs):
     broken = runs("recompile_every_step", "broken")
     line = line_of(l15.WarmupGate.forward, "self.calls += 1")
     for v in broken.values:
-        assert v["recompiles_per_step"] == [0, 1, 1, 1, 1] and v["graphs"] == 5
+        assert v["recompiles_per_step"] == [0, 1, 1, 1] and v["graphs"] == 4
         guards = [r["guard"] for r in v["recompiles"]]
-        assert guards == [f"self._modules['gate'].calls == {n}" for n in range(4)]
+        assert guards == [f"self._modules['gate'].calls == {n}" for n in range(3)]
         assert v["recompiles"][0]["where"].endswith(f"l15_compile/modules.py:{line} in forward")
     fixed = runs("recompile_every_step", "fixed")
     assert [v["graphs"] for v in fixed.values] == [1, 1]
@@ -86,7 +86,7 @@ def test_the_counter_fails_its_guard_on_every_step(runs):
 def test_only_the_rank_with_other_lengths_recompiles_and_the_other_waits(runs):
     broken = runs("ranks_compile_different_graphs", "broken")
     r0, r1 = broken.values
-    assert r0["recompiles_per_step"] == [0] * 6 and r0["graphs"] == 1
+    assert r0["recompiles_per_step"] == [0] * 4 and r0["graphs"] == 1
     assert sum(r1["recompiles_per_step"]) >= 1 and r1["recompiles_per_step"][0] == 0
     assert any("size mismatch at index 1. expected 6, actual 8" in r["guard"] for r in r1["recompiles"])
     # the ranks still make the same collectives (DDP's, outside the graphs): nothing to part at
@@ -127,11 +127,6 @@ def test_fsdp2_whole_compile_fails_while_tracing_and_per_block_fails_eagerly(run
     fixed = runs("fsdp2_tie_compiled", "fixed")
     for v in fixed.values:  # a graph per unit's compute, a break at each FSDP2 hook
         assert v["graph_ops"] == [["embedding"], ["tanh"], ["linear"]] and v["fsdp_breaks"] >= 2
-
-
-def test_checker_rejects_the_int_counter():
-    verdict = check(LESSON.scenario("recompile_every_step"), gate_cls=l15.WarmupGate)
-    assert not verdict.passed and "recompiles_after_first" in verdict.problems[0]
 
 
 def test_figure_shows_every_rank_per_panel(runs):

@@ -120,7 +120,7 @@ LESSON = Lesson(
                 "ok", metric="recompiles_after_first", above=2.5, extra=lambda r: (
                     every_rank(_guard_on_counter)(r)
                     + every_rank(lambda v: "" if v["recompiles_after_first"] >= 3 else
-                                 f"{v['recompiles_after_first']} recompiles")(r)))),
+                                 f"{v['recompiles_after_first']} recompiles in 4 steps")(r)))),
             fixed=Variant(train_warmup, timeout=TIMEOUT, kwargs={"gate_cls": WarmupGateFixed},
                           expect=Expect("ok", metric="recompiles_after_first", below=0.5,
                                         metric_rank=None)),

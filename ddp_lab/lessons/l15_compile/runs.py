@@ -70,7 +70,7 @@ def _compiled_run(build, batches, dynamic=None, **ddp_options) -> dict:
 
 # --- 1. DDPOptimizer: one graph per DDP bucket ------------------------------------------------
 
-def train_buckets(optimize_ddp: bool = True, steps: int = 3, bucket_cap_mb: float = 1.0) -> dict:
+def train_buckets(optimize_ddp: bool = True, steps: int = 2, bucket_cap_mb: float = 1.0) -> dict:
     """A `Tower` under DDP (`bucket_cap_mb`: two or more gradient buckets) and torch.compile.
     A comm hook notes, when DDP launches bucket 0's all-reduce, how many compiled backward
     graphs have run: with one graph, all of backward is over before the first all-reduce."""
@@ -98,7 +98,7 @@ def train_buckets(optimize_ddp: bool = True, steps: int = 3, bucket_cap_mb: floa
             _loss(model(torch.randn(32, 256, device=dev))).backward()
             runs.append((launched_after[-1] - before, watch.backward_runs - before))
             watch.step()
-    done, total = runs[-1]  # the last step: DDP has rebuilt its buckets in the order grads came
+    done, total = runs[-1]  # from step 2 on, DDP has rebuilt its buckets in the order grads came
     return {"graphs": len(watch.graphs), "buckets": len(buckets),
             "backward_before_first_bucket": done / total, "backward_graphs_per_step": total,
             "split_reasons": sorted({r for r in watch.reasons if r}),
@@ -112,7 +112,7 @@ def warmup_batches(steps: int) -> list[tuple]:
     return [(torch.randn(8, 64, generator=g),) for _ in range(steps)]
 
 
-def train_warmup(gate_cls=WarmupGate, steps: int = 5) -> dict:
+def train_warmup(gate_cls=WarmupGate, steps: int = 4) -> dict:
     """`WarmupNet(gate_cls)` under DDP and torch.compile, `steps` steps."""
     return _compiled_run(lambda: WarmupNet(gate_cls), warmup_batches(steps))
 
@@ -137,7 +137,7 @@ def token_batches(rank: int, steps: int, pad: bool) -> list[tuple]:
     return out
 
 
-def train_ragged(pad: bool = False, steps: int = 6, dynamic=None) -> dict:
+def train_ragged(pad: bool = False, steps: int = 4, dynamic=None) -> dict:
     """`TokenNet` under DDP and torch.compile; each rank's batches have its own lengths
     (`pad`: every rank pads to MAX_LEN)."""
     rank = dist.get_rank()
