@@ -73,7 +73,8 @@ def _split(v) -> str:
 
 def _guard_on_counter(v) -> str:
     first = (v["recompiles"] or [{}])[0]
-    if "calls == " not in first.get("guard", "") or "l15_compile/modules.py" not in first.get("where", ""):
+    where = first.get("where", "")
+    if "calls == " not in first.get("guard", "") or "l15_compile/modules.py" not in where:
         return f"first recompile {first}, expected a guard on .calls naming modules.py"
     return ""
 

@@ -64,7 +64,8 @@ def _compiled_run(build, batches, dynamic=None, **ddp_options) -> dict:
                               backend=watch.backend, dynamic=dynamic)
         compiled = _train(model, batches, watch)
     out = watch.summary()
-    out.update(eager_s=eager, step_s=compiled, recompiles_after_first=sum(out["recompiles_per_step"][1:]))
+    out.update(eager_s=eager, step_s=compiled,
+               recompiles_after_first=sum(out["recompiles_per_step"][1:]))
     return out
 
 
@@ -156,5 +157,6 @@ def train_checkpointed(build=checkpointed_net, steps: int = 3) -> dict:
     return _compiled_run(build, batches)
 
 
-__all__ = ["COMPILER_MODULES", "MAX_LEN", "lengths", "token_batches", "train_buckets", "train_checkpointed",
+__all__ = ["COMPILER_MODULES", "MAX_LEN", "lengths", "token_batches", "train_buckets",
+           "train_checkpointed",
            "train_ragged", "train_warmup", "warmup_batches"]
