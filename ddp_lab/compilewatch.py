@@ -4,7 +4,7 @@ the guard that failed, the seconds spent compiling, and how many compiled backwa
 run so far. It runs inside a rank and returns plain data (lesson 15 and the doctor read it).
 
 Everything comes from what torch reports itself: the graphs a dynamo backend receives (under
-DDP, DDPOptimizer hands the backend one graph per bucket), dynamo's `graph_breaks` and
+DDP, DDPOptimizer hands the backend one graph per bucket-sized piece), dynamo's `graph_breaks` and
 `recompiles` logs (what `TORCH_LOGS=graph_breaks,recompiles` prints; they also go to the
 rank's stderr), and `torch._dynamo.utils.compilation_time_metrics`.
 
