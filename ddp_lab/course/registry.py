@@ -168,6 +168,7 @@ class ModuleCase:
     input: Callable[[int], Any]
     amp: str | None = None  # "bf16" / "fp16" when the bug shows only under autocast
     strategy: str = "ddp"  # "fsdp2" / "zero3" when the bug shows only with the module sharded
+    compile: bool = False  # True when the bug shows only under torch.compile (the doctor's --compile)
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ GRACE = 2.0  # seconds the other ranks get after one fails before their stacks a
 def doctor(model, example_input, *, world_size: int = 2, steps: int = 3,
            loss_fn: Callable | None = None, amp: str | None = None,
            ddp_kwargs: dict | None = None, timeout: float = 60,
-           strategy: str = "ddp") -> Report:
+           strategy: str = "ddp", compile: bool = False) -> Report:
     """Diagnose `model` (an nn.Module class, a zero-argument factory, or an instance) fed with
     `example_input` (a tensor, a tuple of forward's positional arguments, a dict of its keyword
     arguments, or a callable rank -> batch). A fixed input is perturbed per rank, and cut to
@@ -37,8 +37,9 @@ def doctor(model, example_input, *, world_size: int = 2, steps: int = 3,
     `{"find_unused_parameters": True}`): the module is judged under them. `steps` DDP training
     steps are run. `amp` ("bf16" or "fp16") runs forward under torch.autocast. `strategy`
     "fsdp2" or "zero3" adds the sharded checks of doctor/sharded.py (one more launch, the
-    module sharded). `timeout` bounds the launch: a module that hangs is reported with each
-    rank's stack. Raises
+    module sharded). `compile=True` adds the compile check of doctor/compiled.py (one more
+    launch: the DDP steps under torch.compile, aot_eager). `timeout` bounds the launch: a module
+    that hangs is reported with each rank's stack. Raises
     DoctorInputError (the CLI's exit status 2) when the doctor cannot start: a factory that
     raises, an input that does not fit, no parameters, bad settings; DoctorBug (exit status 3)
     when the doctor's own code fails on a rank.
@@ -67,8 +68,26 @@ def doctor(model, example_input, *, world_size: int = 2, steps: int = 3,
     if strategy != "ddp":
         from .sharded import sharded_findings
         dynamic += sharded_findings(source, example_input, strategy, world_size, timeout, amp)[1]
+    if compile:
+        notes.append(_compile_check(dynamic, run, source, example_input, steps, loss, amp,
+                                    settings, plan, world_size, timeout, where))
     return Report(source.name, world_size, steps, amp, findings + dynamic, status=run.status,
                   seconds=time.time() - start, run=run, ddp_kwargs=settings, notes=notes)
+
+
+def _compile_check(found, run, source, example, steps, loss, amp, settings, plan, world_size,
+                   timeout, where) -> str:
+    """Adds the compile check's findings to `found`; the report's note about it."""
+    if run.status != "ok":
+        return "compile: not checked, the DDP phase did not run through"
+    from .compiled import compiled_findings
+
+    unused = any(f.code.endswith("unused-parameters") for f in found)
+    settings = {**settings, "find_unused_parameters": bool(settings.get("find_unused_parameters")) or unused}
+    found += compiled_findings(source, example, steps, loss, amp, settings, plan, world_size,
+                               timeout, where)
+    return ("compile: the DDP steps again under torch.compile (backend aot_eager: dynamo's graphs, "
+            "guards and DDPOptimizer's splits, eager kernels)")
 
 
 def _validate_args(world_size, steps, timeout) -> None:

@@ -36,6 +36,9 @@ def configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--amp", choices=("bf16", "fp16"), help="run forward under torch.autocast")
     p.add_argument("--strategy", choices=("ddp", "fsdp2", "zero3"), default="ddp",
                    help="also check the module sharded by FSDP2 or DeepSpeed ZeRO-3")
+    p.add_argument("--compile", action="store_true",
+                   help="also train under torch.compile: graph breaks, recompiles, ranks whose "
+                        "graphs differ")
     p.add_argument("--timeout", type=float, default=60, help="seconds before a hang is reported")
     p.add_argument("--json", action="store_true", help="the report as JSON")
     p.add_argument("--traces", action="store_true", help="full tracebacks and stacks in the text")
@@ -62,7 +65,7 @@ def run(args) -> int:
         settings = parse_ddp(args.ddp_expr) if args.ddp_expr else None
         report = doctor(model, example, world_size=args.world_size, steps=args.steps,
                         amp=args.amp, timeout=args.timeout, loss_fn=loss_fn,
-                        ddp_kwargs=settings, strategy=args.strategy)
+                        ddp_kwargs=settings, strategy=args.strategy, compile=args.compile)
     except DoctorInputError as exc:
         print(f"ddp-lab doctor: {exc}", file=sys.stderr)
         return 2

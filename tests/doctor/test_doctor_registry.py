@@ -29,7 +29,7 @@ def test_the_registry_declares_module_cases():
 def test_broken_module_is_flagged_with_the_scenarios_lesson(scenario):
     case = scenario.module
     report = doctor(case.broken, case.input, amp=case.amp, timeout=TIMEOUT,
-                    strategy=case.strategy)
+                    strategy=case.strategy, compile=case.compile)
     flagged = [f for f in report.findings if f.severity in ("error", "warning")]
     assert scenario.lesson in {f.lesson for f in flagged}, (
         f"{scenario.key}: no error or warning of lesson {scenario.lesson}:\n{report}")
@@ -39,5 +39,5 @@ def test_broken_module_is_flagged_with_the_scenarios_lesson(scenario):
 def test_fixed_module_has_no_error(scenario):
     case = scenario.module
     report = doctor(case.fixed, case.input, amp=case.amp, timeout=TIMEOUT,
-                    strategy=case.strategy)
+                    strategy=case.strategy, compile=case.compile)
     assert report.errors == [], f"{scenario.key} fixed:\n{report}"
