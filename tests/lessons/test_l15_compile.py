@@ -5,9 +5,8 @@ checker is the notebook's exercise, run there). The scenario runs
 are shared with test_registry through the `runs` fixture."""
 from __future__ import annotations
 
-import os
-
 import inspect
+import os
 
 import pytest
 import torch
