@@ -239,12 +239,13 @@ def findings(v: dict, world_size: int) -> list[Finding]:
         return out
     if not v["plan"]:
         return out
-    worst = sorted(v["errors"].items(), key=lambda kv: -kv[1])
-    if worst[0][1] > TOLERANCE:
+    errors = dict(v["errors"])
+    worst = [("output", errors.pop("output"))] + sorted(errors.items(), key=lambda kv: -kv[1])[:2]
+    if max(v["errors"].values()) > TOLERANCE:
         out.append(Finding("error", "tp-output-differs", LESSON,
                            "split, the module computes something else than whole",
                            [f"{what} differs by {err:.1e} (relative; tolerance {TOLERANCE:.0e})"
-                            for what, err in worst[:3] if err > TOLERANCE] + [plan_line],
+                            for what, err in worst if err > TOLERANCE] + [plan_line],
                            fix=FIX_DIFFERS))
     if v["whole_share"] > WHOLE_SHARE:
         out.append(Finding("warning", "plan-leaves-weights-whole", LESSON,
