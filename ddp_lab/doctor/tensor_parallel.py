@@ -12,6 +12,13 @@ TOLERANCE, and a plan that leaves most of the weights whole on every rank.
 """
 from __future__ import annotations
 
+import copy
+
+from ..launcher import launch
+from ..rankinfo import device, rank_info
+from .failures import brief
+from .inputs import (DoctorInputError, batch_for, call, default_loss, floating_tensors, move)
+from .loader import eval_input
 from .report import Finding
 
 TOLERANCE = 1e-4  # relative; split and whole differ by float rounding only (about 1e-7)
@@ -27,8 +34,6 @@ def styles() -> dict:
 
 
 def check_args(strategy: str, tp_plan, amp) -> None:
-    from .inputs import DoctorInputError
-
     if tp_plan is not None and strategy != "tp":
         raise DoctorInputError(f"tp_plan is used with strategy='tp' only, got strategy={strategy!r}")
     if strategy == "tp" and amp:
@@ -45,8 +50,6 @@ def eval_plan(expr: str, namespace: dict | None = None):
     from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput,
                                                    RowwiseParallel, SequenceParallel)
 
-    from .loader import eval_input
-
     scope = dict(namespace or {}, ColwiseParallel=ColwiseParallel, RowwiseParallel=RowwiseParallel,
                  SequenceParallel=SequenceParallel, PrepareModuleInput=PrepareModuleInput,
                  Shard=Shard, Replicate=Replicate)
@@ -60,8 +63,6 @@ def default_plan(model, batch) -> dict:
     import torch
     from torch.overrides import TorchFunctionMode
     from torch.utils._pytree import tree_leaves
-
-    from .inputs import call
 
     names = {id(m): n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
     origin, keep, rowwise, inside = {}, [], {}, []
@@ -110,8 +111,6 @@ def default_plan(model, batch) -> dict:
 
 def resolve_plan(model, batch, given) -> tuple[dict, str]:
     """(plan, where it came from)."""
-    import copy
-
     if given is not None:
         return (given(model) if callable(given) else dict(given)), "yours"
     own = getattr(model, "tp_plan", None)
@@ -139,8 +138,6 @@ def relative(a, b, floor: float = 0.0) -> float:
 def compare(model, ref, batch) -> dict:
     """Forward and backward of the split `model` and the whole `ref` on the same batch;
     a gradient is measured against 1 % of the largest gradient at least."""
-    from .inputs import call, default_loss, floating_tensors
-
     out, want = call(model, batch), call(ref, batch)
     errors = {"output": max((relative(a, b) for a, b in
                              zip(floating_tensors(out), floating_tensors(want))), default=0.0)}
@@ -168,14 +165,9 @@ def whole_bytes(model) -> tuple[int, list[str]]:
 
 def probe(source, example, given=None) -> dict:
     """One rank: plan, split, compare; PyTorch's message if the split module fails."""
-    import copy
-
     import torch
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import parallelize_module
-
-    from ..rankinfo import device, rank_info
-    from .inputs import batch_for, move
 
     dev, world = device(), rank_info().world_size
     torch.manual_seed(0)  # the same weights on every rank
@@ -198,9 +190,6 @@ def probe(source, example, given=None) -> dict:
 
 def check(source, example, world_size: int, timeout: float, given=None):
     """Launch `probe` on `world_size` ranks; (RunResult, findings of lesson 16)."""
-    from ..launcher import launch
-    from .failures import brief
-
     run = launch(probe, source, example, given=given, world_size=world_size, timeout=timeout,
                  grace=2.0, label="doctor tp")
     values = [r.value for r in run.ranks if r.status == "ok" and r.value]

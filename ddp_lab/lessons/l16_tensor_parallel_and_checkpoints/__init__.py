@@ -9,6 +9,7 @@ checkpoint of split weights must be read back by another number of ranks
 """
 from __future__ import annotations
 
+from ..._procs import prewarm as _prewarm
 from ...registry import Expect, Lesson, ModuleCase, Scenario, Variant
 from .figures import draw_memory, figures
 from .modules import (Attention, AttentionFixed, GatedMLP, GatedMLPFixed, Noisy, NormedMLP,
@@ -35,16 +36,15 @@ SIZE_MISMATCH = (r"size mismatch for emb\.weight: copying a param with shape "
 # FSDP2 joins its mesh and the parameters' tensor-parallel mesh into one (DeviceMesh._concatenate,
 # torch/distributed/device_mesh.py:1443 in 2.13); meshes made separately cannot be joined.
 NOT_ONE_MESH = r"Cannot concatenate DeviceMeshes derived from different device meshs"
-RUN_MODULES = ["ddp_lab.lessons.l16_tensor_parallel_and_checkpoints.runs_checkpoint",
-               "ddp_lab.lessons.l16_tensor_parallel_and_checkpoints.runs_simulated"]
+# What the lesson's ranks import inside its functions (so the registry stays cheap to import).
+HEAVY = ["torch.distributed.tensor.parallel", "torch.distributed.checkpoint",
+         "torch.distributed.fsdp"]
 
 
 def prewarm(wait: bool = False) -> bool:
     """Have the fork server import DTensor, tensor parallelism, DCP and FSDP2 once (about 2 s
     a rank otherwise), so each rank of the lesson starts warm."""
-    from ..._procs import prewarm as warm
-
-    return warm(wait=wait, modules=RUN_MODULES)
+    return _prewarm(wait=wait, modules=HEAVY)
 
 
 def _compare(broken, fixed, input_fn=features):

@@ -12,10 +12,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
-from torch.distributed.tensor import Replicate, Shard
-from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
-WIDTH, HEADS, HIDDEN, VOCAB, BLOCKS = 64, 4, 256, 1024, 2  # every size divides by 64 ranks
+# Every size divides by 64 ranks. DTensor and the parallel styles are imported where a plan is
+# made: the registry imports every lesson, and DTensor costs a process about 2 s to import.
+WIDTH, HEADS, HIDDEN, VOCAB, BLOCKS = 64, 4, 256, 1024, 2
 
 
 class Attention(nn.Module):
@@ -37,6 +37,8 @@ class Attention(nn.Module):
         return self.o(y.transpose(1, 2).flatten(2))
 
     def tp_plan(self) -> dict:
+        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
         return {"q": ColwiseParallel(), "k": ColwiseParallel(), "v": ColwiseParallel(),
                 "o": RowwiseParallel()}
 
@@ -64,6 +66,8 @@ class NormedMLP(nn.Module):
         return self.down(h)
 
     def tp_plan(self) -> dict:
+        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
         return {"up": ColwiseParallel(), "down": RowwiseParallel()}
 
 
@@ -72,18 +76,19 @@ class NormedMLPFixed(NormedMLP):
     DTensor reduction (a partial mean on each rank, all-reduced before it is used)."""
 
     def tp_plan(self) -> dict:
+        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
         return {"up": ColwiseParallel(use_local_output=False), "down": RowwiseParallel()}
 
 
-@torch.library.custom_op("ddp_lab::swiglu", mutates_args=())
-def swiglu(gate: Tensor, up: Tensor) -> Tensor:
-    """A fused gated activation, as a kernel library ships it: silu(gate) * up."""
+def silu_times(gate: Tensor, up: Tensor) -> Tensor:
+    """A fused gated activation, as a kernel library ships it (here in plain torch)."""
     return F.silu(gate) * up
 
 
-@swiglu.register_fake
-def _swiglu_shape(gate: Tensor, up: Tensor) -> Tensor:
-    return torch.empty_like(gate)
+# An op of its own, as torch.library makes one: DTensor knows nothing of it.
+swiglu = torch.library.custom_op("ddp_lab::swiglu", silu_times, mutates_args=())
+swiglu.register_fake(lambda gate, up: torch.empty_like(gate))  # the output's shape and dtype
 
 
 def _swiglu_setup(ctx, inputs, output) -> None:
@@ -103,6 +108,8 @@ _RULE_REGISTERED = []
 def swiglu_rule(gate, up) -> list:
     """swiglu is element-wise: sharded alike on any dimension, its output is sharded the same
     way; whole inputs give a whole output. Each item: ([output placement], [input placements])."""
+    from torch.distributed.tensor import Replicate, Shard
+
     alike = [([Shard(d)], [Shard(d), Shard(d)]) for d in range(gate.ndim)]
     return alike + [([Replicate()], [Replicate(), Replicate()])]
 
@@ -129,6 +136,8 @@ class GatedMLP(nn.Module):
         return self.down(swiglu(self.gate(x), self.up(x)))
 
     def tp_plan(self) -> dict:
+        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
         return {"gate": ColwiseParallel(use_local_output=False),
                 "up": ColwiseParallel(use_local_output=False), "down": RowwiseParallel()}
 
@@ -177,6 +186,8 @@ class TinyLM(nn.Module):
         return self.out(x)
 
     def tp_plan(self) -> dict:
+        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
         plan = {}
         for i, block in enumerate(self.blocks):
             plan.update({f"blocks.{i}.attn.{n}": s for n, s in block.attn.tp_plan().items()})
@@ -190,6 +201,9 @@ class TinyLMFixed(TinyLM):
     columns (its logits gathered whole), as torchtitan's Llama plan does."""
 
     def tp_plan(self) -> dict:
+        from torch.distributed.tensor import Replicate
+        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
         return {"emb": RowwiseParallel(input_layouts=Replicate()),
                 "out": ColwiseParallel(output_layouts=Replicate()), **super().tp_plan()}
 
@@ -216,6 +230,8 @@ class Noisy(nn.Module):
         return y - self.center
 
     def tp_plan(self) -> dict:
+        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
         return {"up": ColwiseParallel(), "down": RowwiseParallel()}
 
 

@@ -1,7 +1,8 @@
 """What runs on each rank in lesson 16's tensor-parallel scenarios: a custom block split with
 `parallelize_module`, checked against the same block unsplit; and the bytes each rank holds
 under a plan. Every function here runs on a rank (through `ddp_lab.launch`); none starts a
-process.
+process. DTensor is imported inside the functions (see modules.py); `prewarm()` has the fork
+server import it once for every rank.
 """
 from __future__ import annotations
 
@@ -9,9 +10,6 @@ import copy
 
 import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor
-from torch.distributed.tensor.parallel import parallelize_module
 
 from ...rankinfo import device, rank_info
 from ..l12_sharded_modules.runs_memory import storage_bytes
@@ -20,19 +18,25 @@ from .modules import Attention, TinyLM, features, tokens
 TOLERANCE = 1e-4  # relative: split and whole differ by float rounding only (about 1e-7)
 
 
-def mesh_of(size: int) -> DeviceMesh:
+def mesh_of(size: int):
     """A one-dimensional mesh of ranks 0..size-1. Every rank of the job must call it (it makes
     a process group); a rank outside it gets a mesh it is not part of."""
+    from torch.distributed.device_mesh import DeviceMesh
+
     return DeviceMesh(device().type, list(range(size)))
+
+
+def is_dtensor(t) -> bool:
+    return type(t).__name__ == "DTensor"
 
 
 def whole(t):
     """A DTensor's full value (a collective), or the tensor itself."""
-    return t.full_tensor() if isinstance(t, DTensor) else t
+    return t.full_tensor() if is_dtensor(t) else t
 
 
 def describe(t) -> str:
-    if isinstance(t, DTensor):
+    if is_dtensor(t):
         return (f"DTensor {t.placements[0]!r} of {tuple(t.shape)}, local "
                 f"{tuple(t.to_local().shape)}")
     return f"Tensor {tuple(t.shape)}"
@@ -53,7 +57,7 @@ def watch(model, plan: dict, parallelize) -> dict:
     def gave(name):
         def record(module, args, out):
             seen[name]["gave"] = describe(out)
-            if isinstance(out, DTensor):
+            if is_dtensor(out):
                 seen[name]["mean(-1) of it"] = repr(out.pow(2).mean(-1).placements[0])
         return record
     for name in plan:
@@ -74,6 +78,8 @@ def compare(model_cls=Attention, plan=None) -> dict:
     """Split `model_cls()` with `plan` (default: its own `tp_plan()`) over every rank, run a
     forward and backward on the same batch as the whole module, and measure the largest
     relative difference of the output and of every weight's gradient."""
+    from torch.distributed.tensor.parallel import parallelize_module
+
     world = rank_info().world_size
     mesh = mesh_of(world)
     torch.manual_seed(0)  # the same weights on every rank, as tensor parallelism needs
@@ -104,6 +110,8 @@ def held(model, opt) -> dict:
 
 def train_step(model, mesh) -> dict:
     """Split `model` with its plan over `mesh`, take one real Adam step; the bytes held."""
+    from torch.distributed.tensor.parallel import parallelize_module
+
     parallelize_module(model, mesh, model.tp_plan())
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     model(tokens(0).to(device())).float().pow(2).mean().backward()

@@ -16,13 +16,10 @@ import tempfile
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
-from torch.distributed.tensor import DTensor
-from torch.distributed.tensor.parallel import parallelize_module
 
 from ...rankinfo import rank_info
 from .modules import Noisy, TinyLMFixed, features, tokens
-from .runs import mesh_of, whole
+from .runs import is_dtensor, mesh_of, whole
 
 
 @contextlib.contextmanager
@@ -43,7 +40,7 @@ def checkpoint_dir():
 
 def save_per_rank(model, group=None) -> None:
     """What many training scripts do: each rank writes its own shard of every tensor."""
-    local = {k: v.to_local() if isinstance(v, DTensor) else v for k, v in model.state_dict().items()}
+    local = {k: v.to_local() if is_dtensor(v) else v for k, v in model.state_dict().items()}
     torch.save(local, f"rank{dist.get_rank()}.pt")
 
 
@@ -53,21 +50,30 @@ def load_per_rank(model, group=None) -> None:
 
 def save_dcp(state, group=None) -> None:
     """The fix: torch.distributed.checkpoint writes each shard once, with where it belongs."""
+    import torch.distributed.checkpoint as dcp
+
     dcp.save(state if isinstance(state, dict) else {"model": state}, checkpoint_id="dcp",
              process_group=group)
 
 
 def load_dcp(state, group=None) -> None:
     """DCP reads into what `state` holds now (this world's shards), whatever wrote the files."""
+    import torch.distributed.checkpoint as dcp
+
     dcp.load(state if isinstance(state, dict) else {"model": state}, checkpoint_id="dcp",
              process_group=group)
+
+
+def split(model, mesh):
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    return parallelize_module(model, mesh, model.tp_plan())
 
 
 def trained(mesh, steps: int = 2):
     """TinyLMFixed split over `mesh`, after `steps` SGD steps."""
     torch.manual_seed(0)
-    model = TinyLMFixed()
-    parallelize_module(model, mesh, model.tp_plan())
+    model = split(TinyLMFixed(), mesh)
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     for step in range(steps):
         model(tokens(step)).float().pow(2).mean().backward()
@@ -98,8 +104,7 @@ def reshard(save=save_per_rank, load=load_per_rank) -> dict:
             save(model, writers)
         dist.broadcast_object_list(saved, src=0)  # what was saved, for every rank to compare
         torch.manual_seed(1)  # other weights: a load that does nothing is seen
-        at4 = TinyLMFixed()
-        parallelize_module(at4, four, at4.tp_plan())
+        at4 = split(TinyLMFixed(), four)
         load(at4, None)
         out = {"max_diff_at_4": largest_difference(at4, saved[0]),
                "files": written(),
@@ -156,8 +161,7 @@ def resume(state=weights_only, steps: int = 3) -> dict:
     with checkpoint_dir():
         two, alone = mesh_of(2), dist.new_group([0])
         torch.manual_seed(0)
-        block = Noisy()
-        parallelize_module(block, two, block.tp_plan())
+        block = split(Noisy(), two)
         train(block, steps)
         save_dcp(state(block))
         went_on = whole(block(features(steps))).detach()  # the run that was not interrupted

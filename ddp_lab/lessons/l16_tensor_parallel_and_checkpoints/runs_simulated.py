@@ -14,9 +14,6 @@ import contextlib
 
 import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.fsdp import fully_shard
-from torch.distributed.tensor.parallel import parallelize_module
 
 from .modules import TinyLM, TinyLMFixed, tokens
 from .runs import held
@@ -51,6 +48,8 @@ def fake_world(size: int):
 
 def separate_meshes(dp: int, tp: int):
     """Broken: a mesh for each kind of parallelism, each made on its own."""
+    from torch.distributed.device_mesh import init_device_mesh
+
     return (init_device_mesh("cpu", (dp,), mesh_dim_names=("dp",)),
             init_device_mesh("cpu", (tp,), mesh_dim_names=("tp",)))
 
@@ -58,12 +57,17 @@ def separate_meshes(dp: int, tp: int):
 def sliced_meshes(dp: int, tp: int):
     """The fix: one 2-D mesh (dp x tp), sliced by name: `tp` groups neighbouring ranks (on
     GPUs, those of one machine), `dp` the ranks that hold the same part of the model."""
+    from torch.distributed.device_mesh import init_device_mesh
+
     mesh = init_device_mesh("cpu", (dp, tp), mesh_dim_names=("dp", "tp"))
     return mesh["dp"], mesh["tp"]
 
 
 def split_2d(model, dp_mesh, tp_mesh):
     """Tensor parallelism within `tp`, then FSDP2 across `dp`: each block a unit, the root."""
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import parallelize_module
+
     parallelize_module(model, tp_mesh, model.tp_plan())
     for block in model.blocks:
         fully_shard(block, mesh=dp_mesh)
@@ -73,6 +77,9 @@ def split_2d(model, dp_mesh, tp_mesh):
 def param_bytes_by_size(model_cls) -> dict:
     """Parameter bytes rank 0 holds when `model_cls` is split by its plan over n ranks, for
     each n in SIZES: meshes of ranks 0..n-1 of the fake world (no forward: placements only)."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor.parallel import parallelize_module
+
     out = {}
     for n in SIZES:
         model = model_cls()
