@@ -35,7 +35,8 @@ def styles() -> dict:
 
 def check_args(strategy: str, tp_plan, amp) -> None:
     if tp_plan is not None and strategy != "tp":
-        raise DoctorInputError(f"tp_plan is used with strategy='tp' only, got strategy={strategy!r}")
+        raise DoctorInputError("tp_plan is used with strategy='tp' only, got "
+                               f"strategy={strategy!r}")
     if strategy == "tp" and amp:
         raise DoctorInputError("amp is not checked under strategy='tp': run without it")
     if tp_plan is not None and not (isinstance(tp_plan, dict) or callable(tp_plan)):

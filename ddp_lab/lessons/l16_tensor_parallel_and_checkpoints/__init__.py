@@ -29,6 +29,7 @@ __all__ = ["LESSON", "Attention", "AttentionFixed", "NormedMLP", "NormedMLPFixed
            "weights_and_state", "simulate", "separate_meshes", "sliced_meshes", "fake_store",
            "FAKE_API", "WRITTEN_FOR", "SIZES", "figures", "draw_memory", "prewarm"]
 
+TIMEOUT = 120.0  # no scenario here hangs on purpose: a bound for a loaded machine, not a wait
 NO_RULE = r"Operator ddp_lab\.swiglu\.default does not have a sharding strategy registered"
 SIZE_MISMATCH = (r"size mismatch for emb\.weight: copying a param with shape "
                  r"torch\.Size\(\[512, 64\]\) from checkpoint, the shape in current model is "
@@ -62,20 +63,20 @@ LESSON = Lesson(
         Scenario("heads_per_rank", "An attention block's head count under ColwiseParallel",
                  broken=Variant(compare, Expect("ok", metric="rel_error", above=0.05,
                                                 metric_rank=None),
-                                kwargs={"model_cls": Attention}),
+                                kwargs={"model_cls": Attention}, timeout=TIMEOUT),
                  fixed=Variant(compare, Expect("ok", metric="rel_error", below=TOLERANCE,
                                                metric_rank=None),
-                               kwargs={"model_cls": AttentionFixed}),
+                               kwargs={"model_cls": AttentionFixed}, timeout=TIMEOUT),
                  module=_compare(Attention, AttentionFixed),
                  summary="a rank holds heads/N of q's features; view(b, s, heads, -1) makes "
                          "thinner heads, silently; fix the head width: view(b, s, -1, head_dim)"),
         Scenario("local_reduction", "A norm over the hidden features, split by ColwiseParallel",
                  broken=Variant(compare, Expect("ok", metric="rel_error", above=0.01,
                                                 metric_rank=None),
-                                kwargs={"model_cls": NormedMLP}),
+                                kwargs={"model_cls": NormedMLP}, timeout=TIMEOUT),
                  fixed=Variant(compare, Expect("ok", metric="rel_error", below=TOLERANCE,
                                                metric_rank=None),
-                               kwargs={"model_cls": NormedMLPFixed}),
+                               kwargs={"model_cls": NormedMLPFixed}, timeout=TIMEOUT),
                  module=_compare(NormedMLP, NormedMLPFixed),
                  summary="a plain local output holds this rank's features: the mean is over "
                          "them only, silently; ColwiseParallel(use_local_output=False) keeps a "
@@ -83,42 +84,44 @@ LESSON = Lesson(
         Scenario("op_without_sharding", "A custom op of a block that receives DTensors",
                  broken=Variant(compare, Expect("error", "NotImplementedError", NO_RULE,
                                                 ranks=(0, 1)),
-                                kwargs={"model_cls": GatedMLP}),
+                                kwargs={"model_cls": GatedMLP}, timeout=TIMEOUT),
                  fixed=Variant(compare, Expect("ok", metric="rel_error", below=TOLERANCE,
                                                metric_rank=None),
-                               kwargs={"model_cls": GatedMLPFixed}),
+                               kwargs={"model_cls": GatedMLPFixed}, timeout=TIMEOUT),
                  module=_compare(GatedMLP, GatedMLPFixed),
                  summary="DTensor runs an op only with a sharding rule; register_sharding "
                          "gives the custom op one (element-wise: any shard in, the same out)"),
         Scenario("checkpoint_resharded", "A checkpoint saved by 2 ranks, loaded by 4 and by 1",
                  broken=Variant(reshard, Expect("error", "RuntimeError", SIZE_MISMATCH,
-                                                ranks=(0, 1)), world_size=4),
+                                                ranks=(0, 1)), world_size=4, timeout=TIMEOUT),
                  fixed=Variant(reshard, Expect("ok", metric="max_diff", below=1e-6,
                                                metric_rank=None),
-                               kwargs={"save": save_dcp, "load": load_dcp}, world_size=4),
+                               kwargs={"save": save_dcp, "load": load_dcp}, world_size=4,
+                               timeout=TIMEOUT),
                  summary="per-rank torch.save files hold 2-rank shards: 4 ranks find the "
                          "wrong shapes or no file; torch.distributed.checkpoint reshards"),
         Scenario("non_tensor_state", "A block's step counter, generator and non-persistent "
                  "buffer across a resharded resume",
-                 broken=Variant(resume, Expect("ok", metric="resume_error", above=0.1)),
+                 broken=Variant(resume, Expect("ok", metric="resume_error", above=0.1),
+                                timeout=TIMEOUT),
                  fixed=Variant(resume, Expect("ok", metric="resume_error", below=1e-5),
-                               kwargs={"state": weights_and_state}),
+                               kwargs={"state": weights_and_state}, timeout=TIMEOUT),
                  summary="a module's state_dict holds parameters and persistent buffers only; "
                          "a Stateful object in the checkpoint carries the rest"),
         Scenario("simulated_world", "A 2-D plan (FSDP2 x tensor parallel) checked at 64 ranks "
                  "in one process",
                  broken=Variant(simulate, Expect("error", "RuntimeError", NOT_ONE_MESH),
-                                world_size=1, init_process_group=False),
+                                world_size=1, init_process_group=False, timeout=TIMEOUT),
                  fixed=Variant(simulate, Expect("ok", metric="param_share", below=0.02),
                                kwargs={"meshes": sliced_meshes}, world_size=1,
-                               init_process_group=False),
+                               init_process_group=False, timeout=TIMEOUT),
                  summary="FSDP2 must join its mesh with the tensor-parallel one: slice both "
                          "from one init_device_mesh((dp, tp)); the fake group checks it at 64"),
         Scenario("memory_per_rank", "Bytes per rank when the plan leaves layers whole",
                  broken=Variant(memory_per_rank, Expect("ok", metric="share", above=0.5),
-                                world_size=4),
+                                world_size=4, timeout=TIMEOUT),
                  fixed=Variant(memory_per_rank, Expect("ok", metric="share", below=0.3),
-                               kwargs={"model_cls": TinyLMFixed}, world_size=4),
+                               kwargs={"model_cls": TinyLMFixed}, world_size=4, timeout=TIMEOUT),
                  module=ModuleCase(tiny_lm, tiny_lm_fixed, tokens, strategy="tp"),
                  summary="what the plan does not name (embedding, output projection) stays "
                          "whole on every rank: a floor no world size lowers"),

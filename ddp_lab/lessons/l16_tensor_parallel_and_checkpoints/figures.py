@@ -20,8 +20,9 @@ def draw_memory(simulated: dict, measured: dict):
         ax.plot(sizes, [curve[n] / KIB for n in sizes], color=colour, marker=".",
                 label=f"simulated, 1 process: {label}")
         real = measured[name]["bytes"]
-        ax.plot(sorted(real), [real[n]["params"] / KIB for n in sorted(real)], "o", ms=11,
-                mfc="none", mec=colour, mew=2, label=f"measured on {', '.join(map(str, sorted(real)))} real ranks")
+        sizes = sorted(real)
+        ax.plot(sizes, [real[n]["params"] / KIB for n in sizes], "o", ms=11, mfc="none",
+                mec=colour, mew=2, label=f"measured on {', '.join(map(str, sizes))} real ranks")
     whole = simulated["unsharded_param_bytes"] / KIB
     sizes = sorted(simulated["curves"]["TinyLM"])
     ax.plot(sizes, [whole / n for n in sizes], ":", color="grey", label="the whole model / N")

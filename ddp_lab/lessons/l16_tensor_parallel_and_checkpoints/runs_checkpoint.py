@@ -84,7 +84,8 @@ def trained(mesh, steps: int = 2):
 
 def written() -> list[str]:
     """The files in the checkpoint directory, by their path inside it."""
-    return sorted(os.path.relpath(os.path.join(d, f)) for d, _, files in os.walk(".") for f in files)
+    return sorted(os.path.relpath(os.path.join(d, f)) for d, _, names in os.walk(".")
+                  for f in names)
 
 
 def largest_difference(model, saved: dict) -> float:
