@@ -226,7 +226,7 @@ class Noisy(nn.Module):
             self.steps += 1
             with torch.no_grad():
                 self.center.lerp_(y.mean((0, 1)), 1 / self.steps)
-            y = y + torch.randn(y.shape, generator=self.noise) / self.steps
+            y = y + torch.randn(y.shape, generator=self.noise).to(y.device) / self.steps
         return y - self.center
 
     def tp_plan(self) -> dict:

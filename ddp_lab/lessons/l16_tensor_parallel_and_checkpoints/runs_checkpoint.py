@@ -17,7 +17,7 @@ import tempfile
 import torch
 import torch.distributed as dist
 
-from ...rankinfo import rank_info
+from ...rankinfo import device, rank_info
 from .modules import Noisy, TinyLMFixed, features, tokens
 from .runs import is_dtensor, mesh_of, whole
 
@@ -67,7 +67,7 @@ def load_dcp(state, group=None) -> None:
 def split(model, mesh):
     from torch.distributed.tensor.parallel import parallelize_module
 
-    return parallelize_module(model, mesh, model.tp_plan())
+    return parallelize_module(model.to(device()), mesh, model.tp_plan())
 
 
 def trained(mesh, steps: int = 2):
@@ -76,7 +76,7 @@ def trained(mesh, steps: int = 2):
     model = split(TinyLMFixed(), mesh)
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     for step in range(steps):
-        model(tokens(step)).float().pow(2).mean().backward()
+        model(tokens(step).to(device())).float().pow(2).mean().backward()
         opt.step()
         opt.zero_grad()
     return model
@@ -89,7 +89,7 @@ def written() -> list[str]:
 
 
 def largest_difference(model, saved: dict) -> float:
-    return max(float((whole(v) - saved[k]).abs().max()) for k, v in model.state_dict().items())
+    return max(float((whole(v).cpu() - saved[k]).abs().max()) for k, v in model.state_dict().items())
 
 
 def reshard(save=save_per_rank, load=load_per_rank) -> dict:
@@ -101,7 +101,7 @@ def reshard(save=save_per_rank, load=load_per_rank) -> dict:
         saved = [None]
         if rank < 2:
             model = trained(two)
-            saved = [{k: whole(v).detach().clone() for k, v in model.state_dict().items()}]
+            saved = [{k: whole(v).detach().cpu().clone() for k, v in model.state_dict().items()}]
             save(model, writers)
         dist.broadcast_object_list(saved, src=0)  # what was saved, for every rank to compare
         torch.manual_seed(1)  # other weights: a load that does nothing is seen
@@ -112,7 +112,7 @@ def reshard(save=save_per_rank, load=load_per_rank) -> dict:
                "local_rows_at_4": tuple(at4.emb.weight.to_local().shape)}
         if rank == 0:
             torch.manual_seed(2)
-            at1 = TinyLMFixed()  # one process, no mesh: plain tensors
+            at1 = TinyLMFixed().to(device())  # one process, no mesh: plain tensors
             load(at1, alone)
             out["max_diff_at_1"] = largest_difference(at1, saved[0])
         out["max_diff"] = max(v for k, v in out.items() if k.startswith("max_diff_at"))
@@ -149,7 +149,7 @@ def weights_and_state(block) -> dict:
 def train(block, steps: int) -> None:
     opt = torch.optim.SGD(block.parameters(), lr=0.1)
     for step in range(steps):
-        block(features(step)).pow(2).mean().backward()
+        block(features(step).to(device())).pow(2).mean().backward()
         opt.step()
         opt.zero_grad()
 
@@ -165,13 +165,14 @@ def resume(state=weights_only, steps: int = 3) -> dict:
         block = split(Noisy(), two)
         train(block, steps)
         save_dcp(state(block))
-        went_on = whole(block(features(steps))).detach()  # the run that was not interrupted
+        x = features(steps).to(device())
+        went_on = whole(block(x)).detach()  # the run that was not interrupted
         out = {}
         if rank == 0:
             torch.manual_seed(1)
-            fresh = Noisy()  # a new process would start from here
+            fresh = Noisy().to(device())  # a new process would start from here
             load_dcp(state(fresh), alone)
-            resumed = fresh(features(steps)).detach()
+            resumed = fresh(x).detach()
             out = {"resume_error": float((resumed - went_on).norm() / went_on.norm()),
                    "steps": (block.steps, fresh.steps),
                    "center_moved": float((fresh.center - block.center).abs().max())}
