@@ -27,7 +27,9 @@ def mesh_of(size: int):
 
 
 def is_dtensor(t) -> bool:
-    return type(t).__name__ == "DTensor"
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(t, DTensor)
 
 
 def whole(t):
