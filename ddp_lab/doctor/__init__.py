@@ -25,7 +25,7 @@ GRACE = 2.0  # seconds the other ranks get after one fails before their stacks a
 def doctor(model, example_input, *, world_size: int = 2, steps: int = 3,
            loss_fn: Callable | None = None, amp: str | None = None,
            ddp_kwargs: dict | None = None, timeout: float = 60,
-           strategy: str = "ddp", compile: bool = False) -> Report:
+           strategy: str = "ddp", compile: bool = False, tp_plan=None) -> Report:
     """Diagnose `model` (an nn.Module class, a zero-argument factory, or an instance) fed with
     `example_input` (a tensor, a tuple of forward's positional arguments, a dict of its keyword
     arguments, or a callable rank -> batch). A fixed input is perturbed per rank, and cut to
@@ -37,9 +37,11 @@ def doctor(model, example_input, *, world_size: int = 2, steps: int = 3,
     `{"find_unused_parameters": True}`): the module is judged under them. `steps` DDP training
     steps are run. `amp` ("bf16" or "fp16") runs forward under torch.autocast. `strategy`
     "fsdp2" or "zero3" adds the sharded checks of doctor/sharded.py (one more launch, the
-    module sharded). `compile=True` adds the compile check of doctor/compiled.py (one more
-    launch: the DDP steps under torch.compile, aot_eager). `timeout` bounds the launch: a module
-    that hangs is reported with each rank's stack. Raises
+    module sharded); "tp" adds doctor/tensor_parallel.py's check (one more launch, the module
+    split by `tp_plan`, its own `tp_plan`, or a traced colwise/rowwise plan of its Linear layers,
+    compared with the module whole). `compile=True` adds the compile check of doctor/compiled.py
+    (one more launch: the DDP steps under torch.compile, aot_eager). `timeout` bounds the launch:
+    a module that hangs is reported with each rank's stack. Raises
     DoctorInputError (the CLI's exit status 2) when the doctor cannot start: a factory that
     raises, an input that does not fit, no parameters, bad settings; DoctorBug (exit status 3)
     when the doctor's own code fails on a rank.
@@ -49,6 +51,7 @@ def doctor(model, example_input, *, world_size: int = 2, steps: int = 3,
     start = time.time()
     _validate_args(world_size, steps, timeout)
     _validate_strategy(strategy)
+    _validate_tp(strategy, tp_plan, amp)
     inputs.validate_amp(amp)
     inputs.validate_loss(loss_fn)
     settings = validated_ddp_kwargs(ddp_kwargs)
@@ -65,7 +68,10 @@ def doctor(model, example_input, *, world_size: int = 2, steps: int = 3,
              settings_note(settings), not_exercised(steps, amp)]
     run, dynamic = _run_ranks(source, example_input, world_size, steps, loss, amp, timeout,
                               settings, plan, where)
-    if strategy != "ddp":
+    if strategy == "tp":
+        from .tensor_parallel import tensor_parallel_findings
+        dynamic += tensor_parallel_findings(source, example_input, world_size, timeout, tp_plan)[1]
+    elif strategy != "ddp":
         from .sharded import sharded_findings
         dynamic += sharded_findings(source, example_input, strategy, world_size, timeout, amp)[1]
     if compile:
@@ -104,6 +110,12 @@ def _validate_strategy(strategy) -> None:
 
     if strategy not in STRATEGIES:
         raise DoctorInputError(f"strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
+
+
+def _validate_tp(strategy, tp_plan, amp) -> None:
+    from .tensor_parallel import validate_tp_args
+
+    validate_tp_args(strategy, tp_plan, amp)
 
 
 def _require_trainable(instance, name: str, findings: list[Finding]) -> None:

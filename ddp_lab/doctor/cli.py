@@ -34,8 +34,12 @@ def configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--world-size", type=int, default=2, help="ranks to run (default 2)")
     p.add_argument("--steps", type=int, default=3, help="DDP training steps (default 3)")
     p.add_argument("--amp", choices=("bf16", "fp16"), help="run forward under torch.autocast")
-    p.add_argument("--strategy", choices=("ddp", "fsdp2", "zero3"), default="ddp",
-                   help="also check the module sharded by FSDP2 or DeepSpeed ZeRO-3")
+    p.add_argument("--strategy", choices=("ddp", "fsdp2", "zero3", "tp"), default="ddp",
+                   help="also check the module sharded by FSDP2 or DeepSpeed ZeRO-3, or split "
+                        "by tensor parallelism (tp)")
+    p.add_argument("--tp-plan", dest="tp_plan_expr", metavar="EXPR",
+                   help="with --strategy tp: your plan, e.g. "
+                        "\"{'up': 'colwise', 'down': 'rowwise'}\"")
     p.add_argument("--compile", action="store_true",
                    help="also train under torch.compile: graph breaks, recompiles, ranks whose "
                         "graphs differ")
@@ -63,9 +67,11 @@ def run(args) -> int:
         example = eval_input(args.input_expr, vars(module))
         loss_fn = eval_loss(args.loss_expr, vars(module)) if args.loss_expr else None
         settings = parse_ddp(args.ddp_expr) if args.ddp_expr else None
+        tp_plan = _tp_plan(args, module)
         report = doctor(model, example, world_size=args.world_size, steps=args.steps,
                         amp=args.amp, timeout=args.timeout, loss_fn=loss_fn,
-                        ddp_kwargs=settings, strategy=args.strategy, compile=args.compile)
+                        ddp_kwargs=settings, strategy=args.strategy, compile=args.compile,
+                        tp_plan=tp_plan)
     except DoctorInputError as exc:
         print(f"ddp-lab doctor: {exc}", file=sys.stderr)
         return 2
@@ -74,6 +80,14 @@ def run(args) -> int:
         return 3
     print(report.to_json() if args.json else report.text(traces=args.traces))
     return report.exit_status
+
+
+def _tp_plan(args, module):
+    if not getattr(args, "tp_plan_expr", None):
+        return None
+    from .tensor_parallel import eval_plan
+
+    return eval_plan(args.tp_plan_expr, vars(module))
 
 
 def main(argv=None) -> int:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from .failures import brief
 from .report import Finding
 
-STRATEGIES = ("ddp", "fsdp2", "zero3")
+STRATEGIES = ("ddp", "fsdp2", "zero3", "tp")  # "tp": doctor/tensor_parallel.py
 
 
 def plan(model) -> list:
