@@ -21,9 +21,10 @@ def resume_figure(partial, full):
     ax.plot(after, full.ranks[0].value["losses"], "s", color=FIXED, ms=5, mfc="none",
             label="resumed from everything (equal, bit for bit)")
     ax.axvline(half - 0.5, color="black", ls=":", lw=1)
-    ax.text(half - 0.4, ax.get_ylim()[1] * 0.95, "restart", va="top", fontsize=9)
+    ax.set_yscale("log")
+    ax.text(half - 0.4, ax.get_ylim()[1] * 0.8, "restart", va="top", fontsize=9)
     ax.set_xlabel("step")
-    ax.set_ylabel("loss (mean over ranks)")
+    ax.set_ylabel("loss, mean over ranks (log scale)")
     ax.set_xticks(range(0, STEPS + 1, 2))
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
@@ -46,11 +47,13 @@ def _draw_attempts(ax, result, which: str) -> None:
         if a == 0 and r == 1:
             ax.plot(max(steps) + 1, y, "x", color="black", ms=10, mew=2)
     ax.set_yticks(range(len(rows)), [f"attempt {a} · rank {r}" for a, r in rows])
-    ax.invert_yaxis()
+    if not ax.yaxis_inverted():  # shared y axes are inverted once for all
+        ax.invert_yaxis()
     ax.set_xlabel("step")
     ax.set_xticks(range(0, 8))
-    how = "no resume" if which == "broken" else "resumed from its checkpoint"
-    ax.set_title(f"{how}: {v['repeated']} step(s) run twice")
+    how = "no resume" if which == "broken" else "resumed"
+    n = v["repeated"]
+    ax.set_title(f"{how}: {n} step{'' if n == 1 else 's'} run twice")
     ax.grid(axis="x", alpha=0.3)
 
 

@@ -55,6 +55,7 @@ def second_job(own_port: bool = False) -> dict:
     first = int(os.environ["MASTER_PORT"])
     second = None
     if rank_info().is_main:
+        print(f"job A's store: port {first}")
         where = (["--standalone"] if own_port else
                  [f"--master-addr={os.environ['MASTER_ADDR']}", f"--master-port={first}"])
         with tempfile.TemporaryDirectory(prefix="ddp-lab-l17-") as out:

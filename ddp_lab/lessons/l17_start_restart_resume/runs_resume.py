@@ -53,7 +53,7 @@ def start() -> Job:
     torch.manual_seed(SEED)                 # the same initial weights on every rank
     model = DDP(Net().to(device()), **ddp_kwargs(device()))
     torch.manual_seed(SEED + 1 + rank)      # dropout: its own masks on every rank
-    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.05)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=STEPS)
     sampler = DistributedSampler(range(SAMPLES), shuffle=True, seed=SEED)
     return Job(model, opt, sched, sampler)
@@ -65,11 +65,11 @@ def data() -> tuple[torch.Tensor, torch.Tensor]:
     return x, (x * torch.linspace(-1, 1, FEATURES)).sum(1, keepdim=True)
 
 
-def augment(x: torch.Tensor) -> torch.Tensor:
-    """Python's and numpy's generators, as augmentation code uses them."""
-    if random.random() < 0.5:
-        x = x.flip(1)
-    return x + torch.from_numpy(np.random.normal(0, 0.05, x.shape).astype(np.float32))
+def augment(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Python's and numpy's generators, as augmentation code uses them: a random scale, noise."""
+    scale = random.uniform(0.5, 1.5)
+    noise = torch.from_numpy(np.random.normal(0, 0.05, x.shape).astype(np.float32))
+    return x * scale + noise, y * scale
 
 
 def next_batch(job: Job) -> list[int]:
@@ -90,7 +90,8 @@ def train(job: Job, steps: int) -> list[float]:
     losses = []
     for _ in range(steps):
         idx = next_batch(job)
-        loss = F.mse_loss(job.model(augment(x[idx]).to(device())), y[idx].to(device()))
+        xb, yb = augment(x[idx], y[idx])
+        loss = F.mse_loss(job.model(xb.to(device())), yb.to(device()))
         job.opt.zero_grad()
         loss.backward()
         job.opt.step()
