@@ -73,6 +73,13 @@ def test_an_elastic_restart_restarts_every_rank_and_reruns_what_was_not_saved(ru
     assert set(broken["stale_keys"].values()) == set(fixed["stale_keys"].values()) == {False}
 
 
+def test_torchruns_workers_go_when_the_launcher_stops_the_agents_rank(no_leftovers):
+    # the launcher kills the rank (and with it torchrun's agent) mid-job; the workers, in sessions
+    # of their own, follow it through PR_SET_PDEATHSIG
+    run = LESSON.scenario("elastic_restart").fixed.run(timeout=1.0)
+    assert run.status == "timeout", run.describe_failure()
+
+
 def test_torchruns_own_store_still_holds_the_first_attempts_addresses_at_the_restart(no_leftovers):
     run = l17.restart_with_torchruns_defaults()
     assert l17.restart_found_old_keys(run) == []
@@ -108,37 +115,51 @@ def test_resuming_from_the_newest_file_that_loads_is_enough_on_its_own(no_leftov
 
 def test_every_rank_building_one_cache_races(runs):
     broken, fixed = runs("every_rank_prepares", "broken").values[0], runs("every_rank_prepares", "fixed").values[0]
-    assert broken["builds"] > broken["rounds"] and broken["raced"] >= 1
-    known = ("EOFError", "PytorchStreamReader failed reading zip archive", "Weights only load failed",
-             "Cannot use ``weights_only=True`` with files saved in the legacy .tar format")
-    assert all(any(k in e for k in known) for e in broken["errors"]), broken["errors"]
+    assert broken["raced"] >= 1 and broken["builds"] >= broken["rounds"]
+    # what a torn cache gives depends on where the other rank's write was: seen here, EOFError
+    # (empty), "failed finding central directory", "not a ZIP archive", weights-only refusals
+    assert {e.split(":")[0] for e in broken["errors"]} <= {"EOFError", "RuntimeError", "UnpicklingError"}, broken["errors"]
     assert (fixed["builds"], fixed["torn_loads"], fixed["errors"]) == (fixed["rounds"], 0, [])
 
 
-@pytest.mark.slow
-def test_scenarios_that_start_torchrun_or_kill_a_rank_refuse_under_torchrun(tmp_path):
+REFUSED = {"two_jobs_one_port": "it starts torchrun itself", "ranks_per_node": "it starts torchrun itself",
+           "elastic_restart": "it starts torchrun itself",
+           "partial_resume": "its restart is a new launch, new processes",
+           "torn_checkpoint": "it kills the rank that writes"}
+
+
+def _under_torchrun(tmp_path, *cli) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(name, None)
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", "-m", "ddp_lab"]
-    proc = subprocess.run(torchrun + ["run", "17", "torn_checkpoint", "--variant", "fixed"],
-                          capture_output=True, text=True, timeout=180, env=env, cwd=tmp_path)
-    assert proc.returncode != 0
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                           "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0",
+                           "-m", "ddp_lab", "run", "17", *cli],
+                          capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+
+
+@pytest.mark.slow
+def test_under_torchrun_the_cache_scenario_runs_and_a_restart_scenario_says_why_not(tmp_path, no_leftovers):
+    ran = _under_torchrun(tmp_path, "every_rank_prepares", "--variant", "fixed")
+    assert ran.returncode == 0, ran.stdout + ran.stderr[-2000:]
+    refused = _under_torchrun(tmp_path, "torn_checkpoint", "--variant", "fixed")
+    assert refused.returncode != 0
     for rank in (0, 1):
+        assert f"[rank {rank}] 17/every_rank_prepares fixed: ok ok" in ran.stdout
         assert (f"[rank {rank}] 17/torn_checkpoint fixed: error RuntimeError: 17/torn_checkpoint cannot "
-                "run under torchrun: it kills the rank that writes") in proc.stdout, proc.stdout + proc.stderr[-2000:]
+                f"run under torchrun: {REFUSED['torn_checkpoint']}") in refused.stdout, refused.stdout
 
 
-def test_refusal_names_the_command_to_use(monkeypatch):
-    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "x")
-    monkeypatch.delenv("DDP_LAB_RANK_PROCESS", raising=False)
-    with pytest.raises(RuntimeError, match=r"17/elastic_restart cannot run under torchrun: it starts "
-                                            r"torchrun itself\. Run it with `ddp-lab run 17 elastic_restart`"):
-        l17.elastic_job()
-    monkeypatch.setenv("DDP_LAB_RANK_PROCESS", "1")  # a rank the launcher started: no refusal
-    from ddp_lab.lessons.l17_start_restart_resume.runs import refuse_under_torchrun
-    refuse_under_torchrun("elastic_restart", "why")
+@pytest.mark.parametrize("name", sorted(REFUSED))
+def test_the_scenarios_that_cannot_run_under_torchrun_say_why_and_what_to_run(name, monkeypatch):
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "x")  # what torchrun gives its workers
+    monkeypatch.delenv("DDP_LAB_RANK_PROCESS", raising=False)  # and the launcher its ranks
+    variant = LESSON.scenario(name).fixed
+    restarted = isinstance(variant, l17.Restarted)
+    first = variant.before[0] if restarted else variant
+    with pytest.raises(RuntimeError, match=rf"17/{name} cannot run under torchrun: {REFUSED[name]}.*"
+                                           rf"Run it with `ddp-lab run 17 {name}`"):
+        first.fn(**first.kwargs, **({"workdir": "unused"} if restarted else {}))
 
 
 def test_the_figures_draw_both_runs(runs):

@@ -19,6 +19,7 @@ from torch.utils.data import BatchSampler, DistributedSampler
 
 from ...probes import gather
 from ...rankinfo import ddp_kwargs, device, rank_info
+from .runs import refuse_under_torchrun
 
 SEED, SAMPLES, BATCH, FEATURES = 0, 64, 8, 8  # 64 samples, 2 ranks, batches of 8: 4 steps an epoch
 STEPS = 20  # the straight run; the restart comes after STEPS // 2 (step 10: mid-epoch)
@@ -148,6 +149,8 @@ def fingerprint(module: nn.Module) -> str:
 
 def straight(workdir: str, **_) -> dict:
     """Launch 1: every step in one go; rank 0 keeps the losses for the comparison."""
+    refuse_under_torchrun("partial_resume", "its restart is a new launch, new processes, and "
+                          "under torchrun the processes are torchrun's")
     job = start()
     losses = train(job, STEPS)
     if rank_info().is_main:
