@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import re
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ...launcher import launch
 from ...registry import Expect, Lesson, Scenario, Variant
@@ -106,12 +106,6 @@ def _every_rank_restarted(result):
     return problems + ([] if v["completed"] else ["the job did not run every step"])
 
 
-def _stale_keys_at_restart(result):
-    keys = keys_at_start(result.ranks[0])
-    want = {"0/0": False, "0/1": False, "1/0": True, "1/1": True}
-    return [] if keys == want else [f"own keys found before joining {keys}, expected {want}"]
-
-
 def _bit_for_bit(result):
     return [f"rank {r.rank}'s resumed run is not the straight run's, bit for bit" for r in result.ranks
             if not r.value["identical"]]
@@ -156,20 +150,19 @@ def _agent(fn, expect, world_size=1, **kwargs) -> Variant:
                    timeout=240, grace=2)
 
 
+def _and_before(expect: Expect, *earlier: Expect) -> Expect:
+    """`expect`, and the earlier launches of a `Restarted` variant as `earlier` declares them."""
+    return replace(expect, extra=_both(_before(*earlier), *([expect.extra] if expect.extra else [])))
+
+
 def _resume(expect: Expect, state_of) -> Restarted:
-    return Restarted(resumed, Expect(expect.status, metric=expect.metric, above=expect.above,
-                                     below=expect.below,
-                                     extra=_both(_before(STRAIGHT.expect, FIRST_HALF.expect),
-                                                 *([expect.extra] if expect.extra else []))),
+    return Restarted(resumed, _and_before(expect, STRAIGHT.expect, FIRST_HALF.expect),
                      kwargs={"state_of": state_of}, before=(STRAIGHT, FIRST_HALF))
 
 
 def _torn(expect: Expect, save, pick) -> Restarted:
     cut = Variant(train_and_checkpoint, CUT, kwargs={"save": save}, grace=2)
-    return Restarted(resume, Expect(expect.status, expect.error_type, expect.match, expect.ranks,
-                                    expect.metric, expect.above, expect.below,
-                                    extra=_before(CUT)),
-                     kwargs={"pick": pick}, before=(cut,), grace=2)
+    return Restarted(resume, _and_before(expect, CUT), kwargs={"pick": pick}, before=(cut,), grace=2)
 
 
 # Scenario 2, a peer that never came: the store answers, a key never appears. Told apart from an
@@ -177,6 +170,8 @@ def _torn(expect: Expect, save, pick) -> Restarted:
 PEER_NEVER_CAME = Variant(join, Expect("error", "DistStoreError",
                                        r"wait timeout after \d+ms, keys: /default_pg/\S*/1$", ranks=(0,)),
                           kwargs={"absent_rank": 1}, init_process_group=False, grace=3)
+
+
 # Scenario 4 with torchrun's defaults, on torch 2.13: the agent keeps the store it shares with
 # the workers across restarts (dynamic_rendezvous.py), so the restarted workers find the first
 # attempt's keys, their addresses, in it (pytorch#135712; #167288 with NCCL). Whether gloo then
@@ -192,7 +187,9 @@ def restart_found_old_keys(result) -> list[str]:
     """What differs from torch 2.13's shared store across a restart: every restarted worker
     found its own key (its address) in the store before it joined, and no first-attempt worker
     did; the job then either completed or failed in gloo's connect, nothing else."""
-    problems = _stale_keys_at_restart(result)
+    keys = keys_at_start(result.ranks[0])
+    want = {"0/0": False, "0/1": False, "1/0": True, "1/1": True}
+    problems = [] if keys == want else [f"own keys found before joining {keys}, expected {want}"]
     r = result.ranks[0]
     if r.status == "error" and not (r.error.type == "ChildFailedError"
                                     and "Gloo connectFullMesh failed" in r.error.message):

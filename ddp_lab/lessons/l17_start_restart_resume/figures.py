@@ -2,14 +2,13 @@
 what each attempt of the elastic restart ran (scenario 4)."""
 from __future__ import annotations
 
+from ...plots import BROKEN, FIXED, RANK_COLOURS, broken_beside_fixed, figure
 from .runs_resume import STEPS
 
 
 def resume_figure(partial, full):
     """Loss per step: the straight run, the resume from a model-only checkpoint, the resume from
     a full one (both restarts at step STEPS // 2)."""
-    from ...plots import BROKEN, FIXED, figure
-
     fig, (ax,) = figure(1, width=7.5, height=4.0,
                         title="Loss per step: one straight run, and two runs restarted at step 10")
     straight = partial.ranks[0].value["straight"]
@@ -34,8 +33,6 @@ def resume_figure(partial, full):
 def _draw_attempts(ax, result, which: str) -> None:
     """One row per attempt and rank: a box for each step it ran; a step that ran before (in an
     earlier attempt) is hatched; where rank 1 was killed, a cross."""
-    from ...plots import RANK_COLOURS
-
     v = result.ranks[0].value
     rows = [(a, r) for a in v["attempts"] for r in (0, 1)]
     for y, (a, r) in enumerate(rows):
@@ -59,8 +56,6 @@ def _draw_attempts(ax, result, which: str) -> None:
 
 def restart_figure(broken, fixed):
     """Broken beside fixed: the steps each attempt of the elastic restart ran."""
-    from ...plots import broken_beside_fixed
-
     return broken_beside_fixed(_draw_attempts, broken, fixed, sharey=True,
                                title="torchrun --max-restarts 1, rank 1 killed at step 5 (x): "
                                      "the steps each attempt ran (hatched: run before)")

@@ -16,8 +16,8 @@ import torch.distributed as dist
 from torch.utils.data import DistributedSampler
 
 from ...rankinfo import rank_info
-from .runs import environ, refuse_under_torchrun, shared_dir
 from . import runs_torchrun
+from .runs import environ, refuse_under_torchrun, shared_dir
 from .runs_torchrun import AGENT_PID
 
 WORKER = runs_torchrun.__file__  # run by its path: see its docstring
