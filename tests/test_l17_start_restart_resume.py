@@ -76,7 +76,7 @@ def test_an_elastic_restart_restarts_every_rank_and_reruns_what_was_not_saved(ru
 def test_torchruns_workers_go_when_the_launcher_stops_the_agents_rank(no_leftovers):
     # the launcher kills the rank (and with it torchrun's agent) mid-job; the workers, in sessions
     # of their own, follow it through PR_SET_PDEATHSIG
-    run = LESSON.scenario("elastic_restart").fixed.run(timeout=1.0)
+    run = LESSON.scenario("elastic_restart").fixed.run(timeout=1.0, steps=10**6)  # still training
     assert run.status == "timeout", run.describe_failure()
 
 
