@@ -180,7 +180,7 @@ PEER_NEVER_CAME = Variant(join, Expect("error", "DistStoreError",
 def restart_with_torchruns_defaults():
     """Scenario 4's job (no resume) with the store torchrun's agent shares with its workers."""
     return launch(elastic_job, world_size=1, init_process_group=False, timeout=240, grace=2,
-                  label="17/elastic_restart, torchrun's defaults", shared_store=True, pg_timeout=3.0)
+                  label="17/elastic_restart, torchrun's defaults", shared_store=True, pg_timeout=2.0)
 
 
 def restart_found_old_keys(result) -> list[str]:

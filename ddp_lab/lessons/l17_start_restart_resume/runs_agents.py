@@ -128,7 +128,10 @@ def elastic_job(resume: bool = False, shared_store: bool = False, steps: int = 8
     with tempfile.TemporaryDirectory(prefix="ddp-lab-l17-") as out:
         began = time.time()
         try:
-            torchrun(["--standalone", "--nproc-per-node=2", "--max-restarts=1", *IN_THE_AGENT,
+            # --shutdown-timeout: a worker stuck in C++ (gloo's connect) never runs its SIGTERM
+            # handler; torchrun SIGKILLs it after this many seconds (default 30)
+            torchrun(["--standalone", "--nproc-per-node=2", "--max-restarts=1", "--shutdown-timeout=2",
+                      *IN_THE_AGENT,
                       *_worker("elastic", out, f"--steps={steps}", f"--every={every}",
                                f"--die-at={die_at}", f"--pg-timeout={pg_timeout}",
                                *(["--resume"] if resume else []))],

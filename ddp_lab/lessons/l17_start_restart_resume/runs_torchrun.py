@@ -128,6 +128,9 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     if os.environ.get(AGENT_PID) and os.getppid() != int(os.environ[AGENT_PID]):
         raise SystemExit("torchrun's agent is already gone")  # it died before prctl took effect
+    # SIGTERM ends a worker at once, as in a fresh interpreter: a fork of the agent (--run-path)
+    # inherits the agent's Python handler, which cannot run while gloo waits in C++
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 MODES = {"second_job": second_job, "shards": shards, "elastic": elastic}
