@@ -2,7 +2,7 @@
 addresses, machine paths, clock times, PIDs) or between releases of the libraries (the line
 numbers of their own source in tracebacks, stacks and warnings), so printed results compare
 equal under nbval, and a new PyTorch release shows only its behaviour in a diff.
-The lowest layer of the package: it imports nothing from ddp_lab."""
+The lowest layer of the package: it imports only frames (which files are the course's)."""
 from __future__ import annotations
 
 import re
@@ -15,6 +15,11 @@ _HEX = re.compile(r"0x[0-9a-fA-F]{6,}")
 _PATH = re.compile(r"(?:/[^\s\"',:()\[\]]+)+/((?:torch|ddp_lab|third_party)/[^\s\"',:()\[\]]*)")
 _PACKAGES = re.compile(r"(?:/[^\s\"',:()\[\]]+)*/(?:site|dist)-packages/")  # .../site-packages/x -> x
 _PID = re.compile(r"\b(pid|PID|process)[ =:]+\d+")
+# c10d's own wordings of a port: "port: 35731, useIpv6" (a server that cannot listen) and
+# "connect to (192.0.2.1, 35731)" (a client that cannot connect). The host, a dotted name or
+# address, stays: it says where.
+_PORT = re.compile(r"\bport: \d+")
+_HOST_PORT = re.compile(r"\(((?:\d{1,3}\.){3}\d{1,3}|localhost|[\w-]+(?:\.[\w-]+)+), \d+\)")
 _CPP_LOG = re.compile(r"\b[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+(?: +\d+)?")  # glog: I1202 13:01:02.123 4567
 _CLOCK = re.compile(r"\b\d\d:\d\d:\d\d(?:\.\d+)?\b")
 # Where a library's source line is named: a traceback's or faulthandler's frame
@@ -59,4 +64,6 @@ def sanitize(text: str) -> str:
     text = _PACKAGES.sub("", text)
     text = _CPP_LOG.sub(lambda m: m.group(0)[0] + "<time>", text)
     text = _CLOCK.sub("<time>", text)
+    text = _PORT.sub("port: <port>", text)
+    text = _HOST_PORT.sub(lambda m: f"({m.group(1)}, <port>)", text)
     return _PID.sub(lambda m: f"{m.group(1)} <pid>", text)

@@ -1,0 +1,52 @@
+"""What the scenarios of lesson 17 share. Runs on a rank."""
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+
+import torch.distributed as dist
+
+from ...launching.rankinfo import rank_info
+
+
+def refuse_under_torchrun(scenario: str, why: str) -> None:
+    """Raise, naming the command to use, when this process is one of torchrun's workers (the
+    `torchrun -m ddp_lab run 17 ...` mode) rather than a rank the course's launcher started."""
+    if os.environ.get("TORCHELASTIC_RUN_ID") and not os.environ.get("DDP_LAB_RANK_PROCESS"):
+        raise RuntimeError(f"17/{scenario} cannot run under torchrun: {why}. Run it with "
+                           f"`ddp-lab run 17 {scenario}` (or from notebook 17) instead")
+
+
+@contextlib.contextmanager
+def shared_dir():
+    """A folder every rank of this launch sees: rank 0 makes it and broadcasts its path; every
+    rank marks itself done on the way out, and the last one removes it (no collective, so it runs
+    when a rank leaves with an error too)."""
+    info = rank_info()
+    box = [tempfile.mkdtemp(prefix="ddp-lab-l17-") if info.is_main else None]
+    dist.broadcast_object_list(box, src=0)
+    try:
+        yield box[0]
+    finally:
+        open(os.path.join(box[0], f".rank{info.rank}-done"), "w").close()
+        if all(os.path.exists(os.path.join(box[0], f".rank{r}-done")) for r in range(info.world_size)):
+            shutil.rmtree(box[0], ignore_errors=True)
+
+
+@contextlib.contextmanager
+def environ(values: dict, drop=()):
+    """Set `values` and remove `drop` in this process's environment; put everything back after."""
+    saved = {k: os.environ.get(k) for k in (*values, *drop)}
+    for k in drop:
+        os.environ.pop(k, None)
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
