@@ -43,6 +43,7 @@ def run_here(fn, args, kwargs, *, backend, timeout, init_process_group, label=""
     info = rank_info()
     start = time.time()
     res = RankResult(rank=info.rank, status=OK)
+    _cost_here(start=True)
     try:
         if init_process_group and not dist.is_initialized():
             if backend == "nccl":
@@ -57,5 +58,19 @@ def run_here(fn, args, kwargs, *, backend, timeout, init_process_group, label=""
             time.sleep(QUIESCE)  # gloo's worker threads release finished work first (they need the GIL)
             dist.destroy_process_group()
     res.seconds = time.time() - start
+    res.peak_rss_mb, res.steps = _cost_here()
     return RunResult([res], backend=backend, timeout=timeout, seconds=res.seconds, label=label,
                      extra={"torchrun": True, "world_size": info.world_size})
+
+
+def _cost_here(start: bool = False):
+    """This rank's peak memory (the process's: torchrun's ranks run several functions) and the
+    steps the function marked, as a launched rank reports them; `start=True` forgets the steps
+    an earlier function marked."""
+    from . import _rank
+    from .costs import from_records
+
+    if start:
+        return _rank._steps.clear()
+    cost = _rank.costs()
+    return cost["peak_rss_mb"], from_records(cost["steps"])
