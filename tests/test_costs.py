@@ -169,3 +169,19 @@ def test_a_step_record_reads_as_memory_and_time():
     step = StepRecord(10.0, 10.5, 100.0, 110.0, 150.0, 0, 3, (ChildMemory(7, 90.0, 20.0),))
     assert step.seconds == 0.5 and step.growth_mb == 50.0
     assert step.children[0].private_mb == 20.0
+
+
+def _spawned():
+    from ddp_lab.probes import measured_step
+    from ddp_lab.rankinfo import restart_clock
+
+    with measured_step():
+        pass
+    return restart_clock()
+
+
+def test_a_spawned_rank_reports_its_steps_and_restarts_its_clock():
+    # `python -m ddp_lab._rank` runs the package's module, not a second copy as __main__
+    result = ddp_lab.launch(_spawned, world_size=1, start_method="spawn", timeout=60)
+    assert result.raise_for_status().values == [True]
+    assert len(result.ranks[0].steps) == 1
