@@ -185,3 +185,12 @@ def test_a_spawned_rank_reports_its_steps_and_restarts_its_clock():
     result = ddp_lab.launch(_spawned, world_size=1, start_method="spawn", timeout=60)
     assert result.raise_for_status().values == [True]
     assert len(result.ranks[0].steps) == 1
+
+
+def test_ddp_lab_run_shows_what_the_ranks_cost(capsys):
+    from ddp_lab.cli import main
+
+    assert main(["run", "18", "unasked_collectives", "--variant", "fixed"]) == 0
+    out = capsys.readouterr().out
+    assert "costs per rank (18/unasked_collectives fixed, world_size=2)" in out
+    assert out.count("collectives per step 1 3 1 2 1 1 1 2") == 2  # both ranks, by step

@@ -20,8 +20,9 @@ HELD_OUT = 8192  # rows of the held-out batch whose loss the loop logs every ste
 # --- what a rank holds: tensors the garbage collector sees, and the autograd graph behind them
 
 def live_tensors() -> list:
-    """Every tensor object alive in this process (the garbage collector's view)."""
-    return [o for o in gc.get_objects() if isinstance(o, torch.Tensor)]
+    """Every tensor object alive in this process (the garbage collector's view). `type()`, not
+    `isinstance`: the latter reads `__class__`, which some deprecated torch objects warn on."""
+    return [o for o in gc.get_objects() if issubclass(type(o), torch.Tensor)]
 
 
 def graph_nodes(tensors=None) -> int:
