@@ -158,6 +158,11 @@ def record_step(step: dict, peak_before_mb: float = 0.0) -> None:
     _steps.append(step)
 
 
+def forget_steps() -> None:
+    """Start a new list of steps (a torchrun rank runs one function after another)."""
+    _steps.clear()
+
+
 def costs() -> dict:
     """What this process cost: its peak resident memory in MiB (getrusage, and any peak a step
     reset) and its step records."""

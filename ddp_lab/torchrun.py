@@ -16,6 +16,8 @@ import time
 import traceback
 from datetime import timedelta
 
+from . import _rank
+from .costs import from_records
 from .rankinfo import rank_info
 from .results import ERROR, OK, ErrorInfo, RankResult, RunResult
 
@@ -43,7 +45,7 @@ def run_here(fn, args, kwargs, *, backend, timeout, init_process_group, label=""
     info = rank_info()
     start = time.time()
     res = RankResult(rank=info.rank, status=OK)
-    _cost_here(start=True)
+    _rank.forget_steps()  # a torchrun rank may run several functions: report this one's steps
     try:
         if init_process_group and not dist.is_initialized():
             if backend == "nccl":
@@ -58,19 +60,8 @@ def run_here(fn, args, kwargs, *, backend, timeout, init_process_group, label=""
             time.sleep(QUIESCE)  # gloo's worker threads release finished work first (they need the GIL)
             dist.destroy_process_group()
     res.seconds = time.time() - start
-    res.peak_rss_mb, res.steps = _cost_here()
+    cost = _rank.costs()  # the peak is the process's, since it started
+    res.peak_rss_mb, res.steps = cost["peak_rss_mb"], from_records(cost["steps"])
     return RunResult([res], backend=backend, timeout=timeout, seconds=res.seconds, label=label,
                      extra={"torchrun": True, "world_size": info.world_size})
 
-
-def _cost_here(start: bool = False):
-    """This rank's peak memory (the process's: torchrun's ranks run several functions) and the
-    steps the function marked, as a launched rank reports them; `start=True` forgets the steps
-    an earlier function marked."""
-    from . import _rank
-    from .costs import from_records
-
-    if start:
-        return _rank._steps.clear()
-    cost = _rank.costs()
-    return cost["peak_rss_mb"], from_records(cost["steps"])
