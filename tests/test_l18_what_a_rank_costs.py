@@ -74,7 +74,9 @@ def test_the_logged_all_reduce_and_the_unused_parameter_search_each_add_one(runs
             assert ("all_reduce", ("int32",), ((params,),)) in shapes  # DDP's used-parameter map
             assert ("all_reduce", ("float32",), ((),)) in shapes  # the logged loss
             assert len(step) == 3
+        assert "find_unused_parameters=True was specified" in r.stderr  # PyTorch's own warning
     for r in fixed.ranks:
+        assert "find_unused_parameters" not in r.stderr
         assert l18.steady(r.collectives_per_step()) == [1, 2, 1, 1, 1, 2]  # a log every 4th
 
 
