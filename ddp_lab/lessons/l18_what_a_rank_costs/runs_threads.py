@@ -17,7 +17,7 @@ from ...probes import measured_step
 from ...rankinfo import ddp_kwargs, device, rank_info
 from .modules import Net
 
-BATCH = 1024
+ROWS_PER_CORE = 512  # a batch of 512 x cores rows: enough work per operator for every core
 
 
 def cores() -> int:
@@ -49,7 +49,7 @@ def train_threads(threads: str = "as_launched", steps: int = 2, rounds: int = 2,
     torch.manual_seed(0)
     model = DDP(Net().to(dev), **ddp_kwargs(dev))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    x = torch.randn(BATCH, 64, device=dev)
+    x = torch.randn(ROWS_PER_CORE * cores(), 64, device=dev)
 
     def step():
         opt.zero_grad()
