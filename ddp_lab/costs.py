@@ -134,10 +134,11 @@ class CostReport:
         out = []
         for r in self.result.ranks:
             steps = r.steps or []
+            per_step = []
             try:
-                per_step = collectives_per_step(r.collectives, r.steps, rank=r.rank) if steps else []
-            except ValueError:
-                per_step = []
+                per_step = collectives_per_step(r.collectives, r.steps, rank=r.rank)
+            except ValueError:  # no steps, or no flight record
+                pass
             private = [c.private_mb for s in steps for c in s.children]
             out.append({
                 "rank": r.rank, "peak_mb": r.peak_rss_mb, "steps": len(steps),
@@ -154,7 +155,7 @@ class CostReport:
         def mb(v):
             return "-" if v is None else f"{v:.0f} MiB"
         counts = " ".join("?" if c is None else str(c) for c in row["collectives_per_step"])
-        rss = ("-" if not row["steps"] else f"{mb(row['rss_first_mb'])} -> {mb(row['rss_last_mb'])}")
+        rss = f"{mb(row['rss_first_mb'])} -> {mb(row['rss_last_mb'])}" if row["steps"] else "-"
         return [f"rank {row['rank']}", mb(row["peak_mb"]), str(row["steps"]), rss,
                 mb(row["step_growth_mb"]), mb(row["child_private_mb"]), counts or "-"]
 
@@ -162,7 +163,8 @@ class CostReport:
              "largest child (private)", "collectives per step")
 
     def __repr__(self) -> str:
-        lines = [f"costs per rank ({self.result.label or 'run'}, world_size={self.result.world_size})"]
+        run = self.result
+        lines = [f"costs per rank ({run.label or 'run'}, world_size={run.world_size})"]
         for row in self.rows():
             cells = self._cells(row)
             lines.append(f"  {cells[0]}: "
@@ -175,4 +177,5 @@ class CostReport:
                                         for c in self._cells(row)) + "</tr>" for row in self.rows())
         title = html.escape(f"costs per rank: {self.result.label or 'run'}, "
                             f"world_size={self.result.world_size}")
-        return f"<div><b>{title}</b><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>"
+        return (f"<div><b>{title}</b><table><thead><tr>{head}</tr></thead>"
+                f"<tbody>{body}</tbody></table></div>")

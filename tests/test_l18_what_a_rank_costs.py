@@ -87,9 +87,11 @@ def test_small_buckets_make_many_all_reduces_and_bucket_views_save_a_gradient_co
     assert f["bucket_bytes"] == [1 * MIB, 15 * MIB]  # a first bucket of 1 MiB, then up to 25
     for run, value in ((broken, b), (fixed, f)):
         for r in run.ranks:
-            assert l18.steady(r.collectives_per_step("all_reduce")) == [len(value["bucket_bytes"])] * 2
+            buckets = len(value["bucket_bytes"])
+            assert l18.steady(r.collectives_per_step("all_reduce")) == [buckets] * 2
             sizes = [c.sizes[0][0] * 4 for c in r.step_collectives()[-1]]
             assert sorted(sizes) == sorted(value["bucket_bytes"])  # one all_reduce per bucket
     assert (b["grad_storages"], f["grad_storages"]) == (256, 2)  # in the buckets themselves
-    saved = mean(x.value["held_mb"] for x in broken.ranks) - mean(x.value["held_mb"] for x in fixed.ranks)
+    saved = (mean(x.value["held_mb"] for x in broken.ranks)
+             - mean(x.value["held_mb"] for x in fixed.ranks))
     assert 0.6 < saved / (b["param_bytes"] / MIB) < 1.4, saved  # one copy of the gradients

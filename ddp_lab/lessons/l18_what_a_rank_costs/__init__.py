@@ -148,7 +148,8 @@ LESSON = Lesson(
                  summary="ranks x threads > cores: OpenMP threads of different ranks fight over "
                          "the cores; give each rank cores // ranks threads (torchrun sets "
                          "OMP_NUM_THREADS=1)"),
-        Scenario("unasked_collectives", "A logging all_reduce every step, find_unused_parameters=True",
+        Scenario("unasked_collectives",
+                 "A logging all_reduce every step, find_unused_parameters=True",
                  broken=Variant(train_logged,
                                 Expect("ok", extra=_per_step(lambda c: min(c) >= 3)),
                                 kwargs={"log_every": 1,

@@ -75,17 +75,19 @@ def threads_figure(results):
     by_size = {}
     for run in results["oversubscribed_threads"].values():
         by_size.setdefault(run.world_size, run)
+    ticks = set()
     for i, (size, run) in enumerate(sorted(by_size.items())):
         v = run.values[0]
         counts = sorted(v["seconds_per_step"])
-        ratios = [median(r.value["seconds_per_step"][k] / r.value["seconds_per_step"][v["fair_share"]]
-                         for r in run.ranks) for k in counts]
+        ticks.update(counts)
+        per_rank = [r.value["seconds_per_step"] for r in run.ranks]
+        ratios = [median(t[k] / t[v["fair_share"]] for t in per_rank) for k in counts]
         ax.plot(counts, ratios, marker="o", color=rank_colour(i + 2),
                 label=f"{size} ranks on {v['cores']} cores")
         for k, y in zip(counts, ratios):
             ax.annotate(f"{y:.1f}x", (k, y), textcoords="offset points", xytext=(6, -3), fontsize=8)
     ax.axhline(1, color=FIXED, lw=1, ls="--")
-    ax.set_xticks(sorted({k for run in by_size.values() for k in run.values[0]["seconds_per_step"]}))
+    ax.set_xticks(sorted(ticks))
     ax.set_xlabel("threads per rank")
     ax.set_ylabel("seconds per step / seconds per step\nat the fair share (cores // ranks)")
     ax.set_yscale("log")
@@ -124,9 +126,9 @@ def collectives_figure(results):
                 ("log every step, find_unused_parameters=True", "log every 4 steps"))
     five.set_title("5. collectives nobody asked for", fontsize=10)
     six.set_yscale("log")
+    cap = results["small_buckets"]["broken"].values[0]["bucket_bytes"][0] / 2 ** 20
     _steps_bars(six, results, "small_buckets", "all_reduce",
-                (f"bucket_cap_mb={results['small_buckets']['broken'].values[0]['bucket_bytes'][0] / 2**20:g}",
-                 "default buckets"))
+                (f"bucket_cap_mb={cap:g}", "default buckets"))
     six.set_title("6. DDP buckets: all-reduces per step", fontsize=10)
     values = {w: results["small_buckets"][w].values[0] for w in ("broken", "fixed")}
     param_mb = values["broken"]["param_bytes"] / 2 ** 20

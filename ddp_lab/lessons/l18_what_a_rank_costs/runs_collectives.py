@@ -73,7 +73,8 @@ def train_gains(ddp_options: dict | None = None, steps: int = 4) -> dict:
     storages = {p.grad.untyped_storage().data_ptr(): p.grad.untyped_storage().nbytes()
                 for p in module.parameters()}
     held_mb = settled_rss_mb() - before
-    return {"bucket_bytes": [int(s) for s in str(sizes).split(",") if s.strip()], "held_mb": held_mb,
+    return {"bucket_bytes": [int(s) for s in str(sizes).split(",") if s.strip()],
+            "held_mb": held_mb,
             "grad_storages": len(storages), "grad_storage_bytes": sum(storages.values()),
             "param_bytes": sum(p.numel() * p.element_size() for p in module.parameters()),
             "gradient_as_bucket_view": bool(logged.get("gradient_as_bucket_view"))}
