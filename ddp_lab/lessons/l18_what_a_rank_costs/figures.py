@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from statistics import median
 
-from matplotlib.ticker import MaxNLocator
-
 from ...plots import BROKEN, FIXED, figure, rank_colour
 
 MEMORY_ROWS = {
@@ -42,6 +40,7 @@ def _worker_lines(ax, result) -> None:
 
 def memory_figure(results):
     """Rows: scenarios 1-3; columns: broken, fixed (sharing the y axis)."""
+    from matplotlib.ticker import MaxNLocator  # here, not at import: ranks import this package
     names = [n for n in ("graph_history", "rank0_gather", "worker_copies") if n in results]
     fig, axes = figure(2, len(names), width=5.0, height=3.0,
                        title="Memory per rank, step by step (ddp_lab.probes.measured_step)")
@@ -99,6 +98,8 @@ def threads_figure(results):
 def _steps_bars(ax, results, name: str, op: str | None, labels) -> None:
     """Collectives (of `op`) per step on rank 0, broken beside fixed. Counts only: the step
     times of two runs on a shared machine are not a measurement worth a ratio."""
+    from matplotlib.ticker import MaxNLocator
+
     width = 0.4
     steps = 0
     for i, (which, colour) in enumerate((("broken", BROKEN), ("fixed", FIXED))):
