@@ -52,6 +52,8 @@ def run_scenarios(args) -> int:
                   + ("as declared" if not problems else "NOT as declared"))
             for p in problems:
                 print(f"  - {p}")
+            if any(r.steps for r in result.ranks):  # the ranks marked steps: what they cost
+                print(result.costs())
             if args.output:
                 result.print_output()
             failed += bool(problems)

@@ -18,12 +18,17 @@ import signal
 import sys
 import time
 import traceback
+from collections import deque
+from datetime import timedelta
 
 from . import flight
 from .frames import launchers
 
 STACK_SIGNAL = signal.SIGUSR1
 _KEEP_ALIVE: list = []
+STEPS_KEPT = 10_000  # step records kept per rank (the newest), as the flight recorder keeps its
+_steps: deque = deque(maxlen=STEPS_KEPT)
+_peak_seen_mb = 0.0  # the highest peak a step saw before it reset the kernel's high-water mark
 
 
 def die_with_parent() -> None:
@@ -141,6 +146,29 @@ def restart_clock(seconds: float | None = None) -> bool:
     return True
 
 
+def record_step(step: dict, peak_before_mb: float = 0.0) -> None:
+    """Keep one step's record (`ddp_lab.measured_step`) for the result; `peak_before_mb`
+    is the process's peak just before the step reset it."""
+    global _peak_seen_mb
+    _peak_seen_mb = max(_peak_seen_mb, peak_before_mb, step.get("peak_mb", 0.0))
+    _steps.append(step)
+
+
+def forget_steps() -> None:
+    """Start a new list of steps (a torchrun rank runs one function after another)."""
+    _steps.clear()
+
+
+def costs() -> dict:
+    """What this process cost: its peak resident memory in MiB (getrusage, and any peak a step
+    reset) and its step records."""
+    import resource
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+    peak_mb = peak / 2 ** 20 if sys.platform == "darwin" else peak / 1024
+    return {"peak_rss_mb": max(peak_mb, _peak_seen_mb), "steps": list(_steps) or None}
+
+
 def _run(spec: dict) -> dict:
     import cloudpickle
 
@@ -192,6 +220,7 @@ def child_main(spec_path: str) -> None:
         _KEEP_ALIVE.append(exc)
     flight.dump_at_exit(spec)
     _teardown()
+    record.update(costs())
     record["seconds"] = time.time() - start
     _write_result(spec["result"], record)
     sys.stdout.flush()
@@ -200,4 +229,12 @@ def child_main(spec_path: str) -> None:
 
 
 if __name__ == "__main__":
-    child_main(sys.argv[1])
+    # Run as `python -m` (plain spawn), this file is `__main__`, a second copy of the module:
+    # run the package's copy, whose state (the ready file, the steps) is the one that
+    # `rankinfo.restart_clock` and `probes.measured_step` reach.
+    import importlib
+
+    from .frames import CHILD  # this module's name in the package (`python -m` keeps __package__)
+
+    importlib.import_module(CHILD).child_main(sys.argv[1])
+

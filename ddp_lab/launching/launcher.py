@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from . import flight, processes, pyspy
+from .costs import from_records
 from .rankinfo import in_torchrun
 from .results import (CRASHED, ERROR, INTERRUPTED, OK, TIMEOUT, ErrorInfo, LaunchInterrupted,
                       RankResult, RunResult)
@@ -371,6 +372,8 @@ def _rank_result(rk: _Rank, start: float) -> RankResult:
     if os.path.exists(rk.paths["result"]):
         with open(rk.paths["result"], "rb") as f:
             record = pickle.load(f)
+    if record:  # what the rank cost: its peak memory, the steps it marked (launching/costs.py)
+        res.peak_rss_mb, res.steps = record.get("peak_rss_mb"), from_records(record.get("steps"))
     if record and record["kind"] == "error":
         res.status = ERROR
         res.error = ErrorInfo(record["type"], record["message"], record["traceback"])

@@ -92,6 +92,10 @@ class RankResult:
     # None when it left no record.
     collectives: list | None = None
     native_stack: str = ""  # py-spy's native stack when it hung (launch(native_stacks=True))
+    # What the rank cost (ddp_lab.launching.costs): its peak resident memory in MiB when it ended, and the
+    # steps it marked with ddp_lab.measured_step() (StepRecord); None: no record.
+    peak_rss_mb: float | None = None
+    steps: list | None = None
 
     def __post_init__(self):
         if self.status not in STATUSES:
@@ -132,6 +136,18 @@ class RankResult:
         if self.note:
             return True
         return bool(self.error and peer_gone(self.error.message))
+
+    def step_collectives(self) -> list:
+        """The collectives each marked step entered (None: dropped from the recorder's ring)."""
+        from .costs import step_collectives
+
+        return step_collectives(self.collectives, self.steps, self.rank)
+
+    def collectives_per_step(self, op: str | None = None) -> list:
+        """How many collectives (of `op`, e.g. "all_reduce") each marked step entered."""
+        from .costs import collectives_per_step
+
+        return collectives_per_step(self.collectives, self.steps, op, self.rank)
 
     def stuck_in(self) -> str:
         """The innermost torch.distributed call in the main thread's stack, if any."""
@@ -336,6 +352,13 @@ class RunResult:
         from .divergence import returned_while
 
         return ([], {}) if self.ok else returned_while(self.ranks)
+
+    def costs(self):
+        """Per rank: peak memory, memory over the marked steps, collectives per step
+        (`ddp_lab.launching.costs.CostReport`: text, and a table in Jupyter)."""
+        from .costs import CostReport
+
+        return CostReport(self)
 
     def _repr_html_(self) -> str:
         return run_result_html(self)

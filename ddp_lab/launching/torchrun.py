@@ -16,6 +16,8 @@ import time
 import traceback
 from datetime import timedelta
 
+from . import child
+from .costs import from_records
 from .rankinfo import rank_info
 from .results import ERROR, OK, ErrorInfo, RankResult, RunResult
 
@@ -43,6 +45,7 @@ def run_here(fn, args, kwargs, *, backend, timeout, init_process_group, label=""
     info = rank_info()
     start = time.time()
     res = RankResult(rank=info.rank, status=OK)
+    child.forget_steps()  # a torchrun rank may run several functions: report this one's steps
     try:
         if init_process_group and not dist.is_initialized():
             if backend == "nccl":
@@ -57,4 +60,7 @@ def run_here(fn, args, kwargs, *, backend, timeout, init_process_group, label=""
             time.sleep(QUIESCE)  # gloo's worker threads release finished work first (they need the GIL)
             dist.destroy_process_group()
     res.seconds = time.time() - start
+    cost = child.costs()  # the peak is the process's, since it started
+    res.peak_rss_mb, res.steps = cost["peak_rss_mb"], from_records(cost["steps"])
     return RunResult([res], backend=backend, timeout=timeout, seconds=res.seconds, label=label)
+
