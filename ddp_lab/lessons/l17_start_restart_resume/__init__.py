@@ -53,7 +53,7 @@ class Restarted(Variant):
             for i, v in enumerate(self.before):
                 run = v.run(world_size=world_size, label=f"{label} (launch {i + 1})",
                             workdir=workdir, **every)
-                if v.expect.check(run):
+                if v.expect.differences(run):
                     run.extra["before"] = earlier
                     return run
                 earlier.append(run)
@@ -123,7 +123,7 @@ def _before(*expects: Expect):
         runs = result.extra.get("before", [])
         if len(runs) != len(expects):
             return [f"{len(runs)} earlier launches, expected {len(expects)}"]
-        return [f"launch {i + 1}: {p}" for i, (e, run) in enumerate(zip(expects, runs)) for p in e.check(run)]
+        return [f"launch {i + 1}: {p}" for i, (e, run) in enumerate(zip(expects, runs)) for p in e.differences(run)]
     return check
 
 
