@@ -33,6 +33,8 @@ SYNOPSES_RUN_AS = {  # a synopsis line -> where its plain form runs
     "ddp-lab doctor": ("tests/test_readme_commands.py", "def test_the_doctor_examples_run_as_shown"),
     "ddp-lab workshop build": ("tests/kit/test_workshop.py", 'main(["workshop", "build"'),
     "ddp-lab site build": ("tests/kit/test_site.py", 'main(["site", "build"'),
+    # installs another torch (minutes, GBs): its report and its refusals run in the test
+    ".venv/bin/python tools/upgrade_check.py": ("tests/test_upgrade_check.py", '"--report-only"'),
 }
 
 

@@ -154,6 +154,12 @@ def nbval_report(cells: list[dict]) -> dict[str, list[str]]:
 
 
 def report(venv: Path) -> int:
+    missing = [n for n in ("tour-baseline.json", "tour-new.json", "nbval-new.json")
+               if not (venv / n).is_file()]
+    if missing:
+        print(f"upgrade_check: no records in {venv} ({', '.join(missing)} missing): run it "
+              "without --report-only first", file=sys.stderr)
+        return 2
     base = json.loads((venv / "tour-baseline.json").read_text())
     new = json.loads((venv / "tour-new.json").read_text())
     cells = json.loads((venv / "nbval-new.json").read_text())["cells"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pickle
 import re
 import signal
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .frames import FRAME, launchers, main_thread_frames, without_passing_threads
@@ -221,6 +221,9 @@ class RunResult:
     timeout: float = 0.0
     seconds: float = 0.0
     label: str = ""
+    # The launches that ran before this one in a scenario of several (a job, then its restart:
+    # lesson 17), oldest first; empty for a single launch.
+    earlier: list["RunResult"] = field(default_factory=list)
 
     @property
     def world_size(self) -> int:

@@ -88,17 +88,17 @@ def test_torchruns_own_store_still_holds_the_first_attempts_addresses_at_the_res
 
 def test_the_full_resume_is_the_straight_run_bit_for_bit(runs):
     broken, fixed = runs("partial_resume", "broken"), runs("partial_resume", "fixed")
-    straight, first = (r.values[0]["losses"] for r in fixed.extra["before"])
+    straight, first = (r.values[0]["losses"] for r in fixed.earlier)
     assert first == straight[:10]  # the same job up to the checkpoint, on this machine exactly
     assert fixed.values[0]["losses"] == straight[10:] and fixed.values[0]["departure"] == 0.0
     assert broken.values[0]["departure"] > 1e-3 and broken.values[0]["losses"][0] != straight[10]
-    assert fixed.extra["before"][1].values[0]["saved"] == [
+    assert fixed.earlier[1].values[0]["saved"] == [
         "epoch", "model", "optimizer", "position", "rng", "scheduler", "step"]
 
 
 def test_a_kill_mid_write_leaves_half_a_checkpoint(runs, no_leftovers):
     broken, fixed = runs("torn_checkpoint", "broken"), runs("torn_checkpoint", "fixed")
-    assert [r.headline for r in broken.extra["before"][0].ranks][0] == "killed by SIGXFSZ"
+    assert [r.headline for r in broken.earlier[0].ranks][0] == "killed by SIGXFSZ"
     assert all("there is a high likelihood that your checkpoint file is corrupted" in r.error.message
                for r in broken.ranks)
     files = fixed.values[0]["files"]

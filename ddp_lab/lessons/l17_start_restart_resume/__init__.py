@@ -40,7 +40,7 @@ class Restarted(Variant):
     """A job and its restart: the `before` launches run first, one after another, then this
     variant's own. All get the same fresh folder (`workdir=`, removed afterwards) and this
     variant's keyword arguments with those given to `run` (the learner's). The result is the
-    last launch's, with the earlier ones in `result.extra["before"]`. An earlier launch that is
+    last launch's, with the earlier ones in `result.earlier`. An earlier launch that is
     not as declared ends the sequence and is the result: what came after would start from a
     state nobody declared."""
 
@@ -54,12 +54,12 @@ class Restarted(Variant):
                 run = v.run(world_size=world_size, label=f"{label} (launch {i + 1})",
                             workdir=workdir, **every)
                 if v.expect.differences(run):
-                    run.extra["before"] = earlier
+                    run.earlier = earlier
                     return run
                 earlier.append(run)
             result = super().run(world_size=world_size, timeout=timeout, label=label,
                                  workdir=workdir, **kwargs)
-        result.extra["before"] = earlier
+        result.earlier = earlier
         return result
 
 
@@ -120,7 +120,7 @@ def _one_build_per_round(result):
 def _before(*expects: Expect):
     """The earlier launches of a `Restarted` variant, each as declared."""
     def check(result):
-        runs = result.extra.get("before", [])
+        runs = result.earlier
         if len(runs) != len(expects):
             return [f"{len(runs)} earlier launches, expected {len(expects)}"]
         return [f"launch {i + 1}: {p}" for i, (e, run) in enumerate(zip(expects, runs)) for p in e.differences(run)]
