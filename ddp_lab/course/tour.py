@@ -66,9 +66,12 @@ def format_table(rows: list[Row]) -> str:
 
 
 def tour(out: str | Path = "ddp-lab-tour", only: list[str] | None = None, progress: bool = True,
-         stream=sys.stdout) -> list[Row]:
+         stream=None) -> list[Row]:
+    """Run every scenario of the chosen lessons (all: None) broken and fixed, print the table to
+    `stream` (sys.stdout as it is when called), write each lesson's figures into `out`."""
     from tqdm import tqdm
 
+    stream = stream or sys.stdout
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     chosen = [l for k, l in lessons().items() if not only or k in only]
