@@ -11,7 +11,7 @@ def _names(lines):
         line = line.strip()
         if line.startswith("- "):  # a YAML list item
             line = line[2:].strip()
-        if not line or line.startswith(("#", "-")):  # comments, pip options (-e ., --extra-index-url)
+        if not line or line.startswith(("#", "-", "./")):  # comments, pip options, the course's own folders
             continue
         names.add(re.split(r"[<>=!~\[ ]", line, maxsplit=1)[0].lower().replace("_", "-"))
     return names
@@ -114,3 +114,16 @@ def test_binder_turns_jupyterlab_s_news_pop_up_off_where_jupyterlab_reads_it(tmp
     overrides, error = _get_overrides(str(tmp_path / "share/jupyter/lab/settings"))
     assert error == "" and overrides["@jupyterlab/apputils-extension:notification"] == {
         "fetchNews": "false", "checkForUpdates": False}
+
+
+def test_the_readme_environment_turns_jupyterlab_s_news_pop_up_off_too():
+    """requirements.txt (the README's first command) installs jupyter/ as a package whose data
+    file lands in {sys.prefix}/share/jupyter/lab/settings/overrides.d/, where binder/postBuild
+    copies the same file (an editable install of ddp_lab cannot carry data files)."""
+    import tomllib
+
+    assert "./jupyter" in (ROOT / "requirements.txt").read_text().splitlines()
+    assert "      - ./jupyter" in (ROOT / "environment.yml").read_text().splitlines()
+    project = tomllib.loads((ROOT / "jupyter/pyproject.toml").read_text())
+    assert project["tool"]["setuptools"]["data-files"] == {
+        "share/jupyter/lab/settings/overrides.d": ["ddp-lab-overrides.json"]}
