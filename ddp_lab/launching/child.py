@@ -227,14 +227,3 @@ def child_main(spec_path: str) -> None:
     sys.stderr.flush()
     os._exit(code)
 
-
-if __name__ == "__main__":
-    # Run as `python -m` (plain spawn), this file is `__main__`, a second copy of the module:
-    # run the package's copy, whose state (the ready file, the steps) is the one that
-    # `rankinfo.restart_clock` and `probes.measured_step` reach.
-    import importlib
-
-    from .frames import CHILD  # this module's name in the package (`python -m` keeps __package__)
-
-    importlib.import_module(CHILD).child_main(sys.argv[1])
-

@@ -29,7 +29,7 @@ FRAME = re.compile(r'File "([^"]+)", line (\d+),? in (\S+)')
 FRAME_LINE = re.compile(r'^(\s*)File "([^"]+)", line (\d+)(,?) in (\S+)')
 
 RANK_ENTRY = "child_main"  # the function a rank process starts in (child.py)
-STARTS = ("<frozen runpy>", "<string>")  # `python -m` (spawned ranks), `python -c` (the server)
+STARTS = ("<frozen runpy>", "<string>")  # `python -m`, `python -c` (spawned ranks, the server)
 
 
 def place(where) -> str:
@@ -62,7 +62,7 @@ def _engine(leaf: str) -> tuple[str, str]:
     return f"{_LAUNCHING}.{leaf}", place(path)
 
 
-CHILD, _CHILD = _engine("child")  # what a rank process runs (`python -m CHILD spec`)
+CHILD, _CHILD = _engine("child")  # what a rank process runs (a spawned one: processes._SPAWN)
 _FORKSERVER_MODULE, _FORKSERVER = _engine("forkserver")
 _, _PROCESSES = _engine("processes")
 FORKSERVER = f"from {_FORKSERVER_MODULE} import main; main()"  # the fork server's `-c` program

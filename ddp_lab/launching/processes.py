@@ -166,10 +166,16 @@ class ForkedRank:
             self.server.exits.pop(self.pid, None)
 
 
+# A spawned rank imports the package's child module and runs it. Not `python -m CHILD`: runpy would
+# execute a second copy of the module as `__main__` (the package's __init__ has imported the
+# first) and warn about it on the rank's stderr, in every notebook output that shows it.
+_SPAWN = "import importlib, sys; importlib.import_module(sys.argv[1]).child_main(sys.argv[2])"
+
+
 class SpawnedRank:
     def __init__(self, spec_path: str, env: dict[str, str]):
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", frames.CHILD, spec_path], env=env,
+            [sys.executable, "-c", _SPAWN, frames.CHILD, spec_path], env=env,
             stdin=subprocess.DEVNULL, start_new_session=True,
         )
         self.pid = self.proc.pid
