@@ -179,7 +179,12 @@ def zero3_edit(edit=edit_gathered, before_initialize: bool = False, value: float
     rank = rank_info().rank
     torch.manual_seed(0)
     if before_initialize:
-        with deepspeed_ready().zero.Init(dtype=torch.float32):
+        # The config, not `dtype=torch.float32`: DeepSpeed 0.19.8 reads `dtype or float16 if
+        # is_fp16_supported() else bfloat16 ...` (runtime/zero/partition_parameters.py:409), so on
+        # a CPU without fp16 kernels (mkldnn's check; an AMD EPYC here) a float32 asked for by
+        # `dtype` becomes bfloat16 and forward fails on the dtype mismatch. From the config,
+        # bf16 and fp16 disabled, it is float32 on every CPU and GPU.
+        with deepspeed_ready().zero.Init(config_dict_or_path=CONFIG):
             model = mlp()
         edit(model[4].weight, torch.full(tuple(model[4].weight.ds_shape), value))
     else:
