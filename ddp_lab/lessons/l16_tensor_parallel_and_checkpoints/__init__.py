@@ -35,8 +35,9 @@ SIZE_MISMATCH = (r"size mismatch for emb\.weight: copying a param with shape "
                  r"torch\.Size\(\[512, 64\]\) from checkpoint, the shape in current model is "
                  r"torch\.Size\(\[1024, 64\]\)")
 # FSDP2 joins its mesh and the parameters' tensor-parallel mesh into one (DeviceMesh._concatenate,
-# torch/distributed/device_mesh.py:1443 in 2.13); meshes made separately cannot be joined.
-NOT_ONE_MESH = r"Cannot concatenate DeviceMeshes derived from different device meshs"
+# torch/distributed/device_mesh.py in 2.13); meshes made separately cannot be joined. 2.13 spells
+# it "meshs", 2.14 "meshes": both accepted.
+NOT_ONE_MESH = r"Cannot concatenate DeviceMeshes derived from different device meshe?s"
 # What the lesson's ranks import inside its functions (so the registry stays cheap to import).
 HEAVY = ["torch.distributed.tensor.parallel", "torch.distributed.checkpoint",
          "torch.distributed.fsdp"]
