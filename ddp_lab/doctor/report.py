@@ -88,6 +88,7 @@ class Report:
     ddp_kwargs: dict = field(default_factory=dict)  # the DDP settings the module was judged under
     notes: list[str] = field(default_factory=list)  # what the run assumed and did not exercise
     strategy: str = "ddp"  # the strategy the findings were judged under
+    tool: str = "doctor"  # or "watch" (ddp_lab.watch: the user's own training step)
 
     def __post_init__(self):
         order = {s: i for i, s in enumerate(SEVERITIES)}
@@ -125,7 +126,7 @@ class Report:
         amp = f", autocast {self.amp}" if self.amp else ""
         amp += f", judged under {self.strategy}" if self.strategy != "ddp" else ""
         ddp = "".join(f", {k}={v!r}" for k, v in self.ddp_kwargs.items())
-        head = (f"doctor: {self.target} (world size {self.world_size}, {self.steps} "
+        head = (f"{self.tool}: {self.target} (world size {self.world_size}, {self.steps} "
                 f"step{'' if self.steps == 1 else 's'}{amp}{ddp}, ranks {self.status})")
         return f"{head}: {', '.join(parts) if parts else 'no findings'}"
 
