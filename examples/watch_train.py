@@ -1,7 +1,7 @@
 """A training step with the bugs `ddp-lab watch` finds, and each fixed: a statistic kept in a
 buffer from each rank's own batch, dropout drawing the same masks on every rank, a loss logged
 from one rank's data, a checkpoint saved through the DDP wrapper, a step one rank skips, and a
-penalty computed from sharded weights outside forward.
+penalty and a norm read from sharded weights outside forward.
 
     ddp-lab watch examples/watch_train.py:train_step --model examples/watch_train.py:Net \
         --batches examples/watch_train.py:batches
@@ -99,6 +99,27 @@ def train_step_penalty(model, batch, step, optimizer=None):
     return float(loss)
 
 
+def train_step_logs_norm(model, batch, step, optimizer=None):
+    """Logs the output layer's weight norm, read outside forward: under ZeRO-3 a (0,) placeholder
+    (norm 0.0), under FSDP2 this rank's shard of a DTensor."""
+    logged = {"loss": train_step_fixed(model, batch, step, optimizer)}
+    logged["out_norm"] = getattr(model, "module", model).out.weight.norm().item()
+    return logged
+
+
+def train_step_logs_norm_fixed(model, batch, step, optimizer=None):
+    """Logs the norm of the whole weight: gathered under ZeRO-3, full_tensor under FSDP2."""
+    logged = {"loss": train_step_fixed(model, batch, step, optimizer)}
+    weight = getattr(model, "module", model).out.weight
+    if hasattr(weight, "ds_status"):
+        import deepspeed
+        with deepspeed.zero.GatheredParameters([weight]):
+            logged["out_norm"] = weight.norm().item()
+    else:
+        logged["out_norm"] = weight.norm().item()
+    return logged
+
+
 def save(model, path):
     """Saves through the DDP wrapper: every key starts with 'module.'."""
     if dist.get_rank() == 0:
@@ -106,5 +127,16 @@ def save(model, path):
 
 
 def save_fixed(model, path):
+    """The plain module's whole state, gathered where it is sharded; rank 0 writes it."""
+    module = getattr(model, "module", model)
+    if hasattr(next(module.parameters()), "ds_status"):  # ZeRO-3: (0,) placeholders outside forward
+        import deepspeed
+        with deepspeed.zero.GatheredParameters(list(module.parameters())):
+            state = {k: v.clone() for k, v in module.state_dict().items()}
+    elif hasattr(next(module.parameters()), "full_tensor"):  # FSDP2: DTensor shards
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+        state = get_model_state_dict(module, options=StateDictOptions(full_state_dict=True))
+    else:
+        state = module.state_dict()
     if dist.get_rank() == 0:
-        torch.save(getattr(model, "module", model).state_dict(), path)
+        torch.save(state, path)

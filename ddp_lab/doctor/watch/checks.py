@@ -107,10 +107,11 @@ def read_findings(recs: list[dict], strategy: str) -> list[Finding]:
     ev = [f"{name}, rank {rank}, step {step}: {what}; read at {where or 'a line outside your files'}"
           for (name, where), (rank, step, what) in list(reads.items())[:6]]
     return [Finding(
-        "error" if zero3 else "warning", "sharded-read-outside-forward", "12",
+        "error" if zero3 else "info", "sharded-read-outside-forward", "12",
         f"the step reads {len(reads)} sharded parameter(s) outside forward", ev
-        + (["outside forward ZeRO-3 leaves an empty placeholder: what is computed from it "
-            "(a penalty, a norm, a copy) is silently nothing"] if zero3 else
+        + (["outside forward ZeRO-3 leaves an empty placeholder: what is computed from it is "
+            "computed from nothing (a norm of 0.0, an empty copy; a gradient through it fails "
+            "in backward)"] if zero3 else
            ["outside forward FSDP2 keeps only this rank's shard (a DTensor): ops on it are "
             "collectives every rank must run, and .to_local() is one shard"]),
         fix=("read weights inside forward, or inside deepspeed.zero.GatheredParameters(params)"

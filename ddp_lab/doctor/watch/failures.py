@@ -14,13 +14,43 @@ def step_at(rec: dict, when: float) -> int | None:
     return begun[-1] if begun else None
 
 
+def first_step_apart(run, recs: list[dict]) -> str:
+    """'step 1: rank 0 entered 5 collectives (...), rank 1 entered 0': the first step of the
+    user's loop in which the ranks entered different collectives (ops and shapes), or ''."""
+    per_rank = {}
+    for r in run.ranks:
+        if r.collectives is None:
+            return ""
+        steps: dict = {}
+        for c in r.collectives:
+            if c.group == "0" and (step := step_at(recs[r.rank], c.created)) is not None:
+                steps.setdefault(step, []).append(str(c))
+        per_rank[r.rank] = steps
+    last = max((max(s, default=-1) for s in per_rank.values()), default=-1)
+    for step in range(last + 1):
+        seen = {rank: s.get(step, []) for rank, s in per_rank.items()}
+        if len({tuple(v) for v in seen.values()}) > 1:
+            said = [f"rank {rank} entered {len(v)} collective(s)" + (f" ({', '.join(v[:3])}"
+                    f"{', ...' if len(v) > 3 else ''})" if v else "") for rank, v in seen.items()]
+            return f"step {step}: " + "; ".join(said)
+    return ""
+
+
+def _same_inputs(parted) -> bool:
+    """torch's analyser calls a size mismatch on all_gathers whose inputs every rank gave alike
+    (FSDP2's full_tensor in a save: seen on torch 2.13, gloo); the ranks did not differ."""
+    entered = [c for c in parted.entries.values() if c is not None]
+    return (parted.kind == "size" and len(entered) == len(parted.entries)
+            and len({(c.op, c.sizes, c.dtypes) for c in entered}) == 1)
+
+
 def collective_findings(run, recs: list[dict]) -> list[Finding]:
     from ...launching import divergence
 
     parted = divergence.find(run.ranks)
-    if parted is None:
+    if parted is None or _same_inputs(parted):
         return []
-    ev = []
+    ev = [line] if (line := first_step_apart(run, recs)) else []
     for rank, c in parted.entries.items():
         last = c or parted.last.get(rank)
         step = step_at(recs[rank], last.created) if last else None
