@@ -126,6 +126,12 @@ def save(model, path):
         torch.save(model.state_dict(), path)
 
 
+def save_module(model, path):
+    """The plain module's state: right under DDP; under ZeRO-3 it holds (0,) placeholders."""
+    if dist.get_rank() == 0:
+        torch.save(getattr(model, "module", model).state_dict(), path)
+
+
 def save_fixed(model, path):
     """The plain module's whole state, gathered where it is sharded; rank 0 writes it."""
     module = getattr(model, "module", model)
