@@ -114,3 +114,15 @@ def test_cli_takes_the_step_the_model_and_the_strategy():
         ["t.py:train_step", "--model", "t.py:Net", "--strategy", "zero3"])
     assert (args.target, args.model, args.strategy, args.batches) == (
         "t.py:train_step", "t.py:Net", "zero3", "batches")
+
+
+def test_cli_runs_the_readme_example(monkeypatch, capsys):
+    from ddp_lab.cli import main
+
+    monkeypatch.chdir(Path(__file__).parents[2])
+    code = main(["watch", "examples/watch_train.py:train_step", "--model",
+                 "examples/watch_train.py:Net", "--save", "save"])
+    out = capsys.readouterr().out
+    assert code == 1 and "checkpoint-does-not-reload" in out and "dropout-masks-identical" in out
+    assert main(["watch", "examples/watch_train.py:Net", "--model", "examples/watch_train.py:Net"]) == 2
+    assert "train_step must take (model, batch, step)" in capsys.readouterr().err
