@@ -126,3 +126,12 @@ def test_cli_runs_the_readme_example(monkeypatch, capsys):
     assert code == 1 and "checkpoint-does-not-reload" in out and "dropout-masks-identical" in out
     assert main(["watch", "examples/watch_train.py:Net", "--model", "examples/watch_train.py:Net"]) == 2
     assert "train_step must take (model, batch, step)" in capsys.readouterr().err
+
+
+def test_a_step_that_requires_the_optimizer_fits():
+    from ddp_lab.doctor.watch import _validate
+
+    def step(model, batch, step, optimizer):
+        return 0.0
+
+    _validate(step, ex.Net, ex.batches, "ddp", 3, 2, None)  # no WatchInputError

@@ -55,7 +55,7 @@ def _validate(train_step, model, batches, strategy, steps, world_size, save) -> 
     for name, fn in (("train_step", train_step), ("model", model), ("batches", batches)):
         if not callable(fn):
             raise WatchInputError(f"{name} must be callable, got {type(fn).__name__}")
-    _fits(train_step, "train_step", ("model", "batch", "step"))
+    _fits(train_step, "train_step", ("model", "batch", "step"), optional=("optimizer",))
     _fits(batches, "batches", ("rank", "step"))
     if save is not None:
         _fits(save, "save", ("model", "path"))
@@ -63,13 +63,13 @@ def _validate(train_step, model, batches, strategy, steps, world_size, save) -> 
         raise WatchInputError(f"steps must be >= 1 and world_size >= 2, got {steps!r}, {world_size!r}")
 
 
-def _fits(fn, name: str, args: tuple[str, ...]) -> None:
+def _fits(fn, name: str, args: tuple[str, ...], optional: tuple[str, ...] = ()) -> None:
     try:
         sig = inspect.signature(fn)
     except (TypeError, ValueError):
         return
     try:
-        sig.bind(*args)
+        sig.bind(*args, **{k: None for k in optional if k in sig.parameters})
     except TypeError as exc:
         raise WatchInputError(f"{name} must take ({', '.join(args)}); {getattr(fn, '__name__', name)}"
                               f"{sig} does not ({exc})") from None
