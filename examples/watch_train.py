@@ -49,6 +49,13 @@ def seeded_net():
     return model
 
 
+def per_rank_seeded_net():
+    """One seed per rank before building: dropout differs, but so do the initial weights, which
+    DDP broadcasts from rank 0 and FSDP2 does not."""
+    torch.manual_seed(1 + dist.get_rank())
+    return SyncedNet()
+
+
 def batches(rank, step):
     g = torch.Generator().manual_seed(100 * step + rank)
     x = torch.randn(8, 16, generator=g) + rank

@@ -55,6 +55,16 @@ def test_2_dropout_from_equal_generators_is_found(broken):
     assert f.evidence[0] == "identical masks on all 2 ranks: drop"
 
 
+def test_2_weights_built_from_per_rank_seeds_are_found_under_fsdp2():
+    broken = watch(ex.train_step_fixed, ex.per_rank_seeded_net, ex.batches, strategy="fsdp2")
+    f = _one(broken, "initial-weights-differ")
+    assert f.evidence[0].startswith("differ: parameter inp.weight") and f.strategies == ("fsdp2",)
+    fixed = watch(ex.train_step_fixed, ex.seeded_net, ex.batches, strategy="fsdp2")
+    assert fixed.findings == [], fixed.text()
+    under_ddp = watch(ex.train_step_fixed, ex.per_rank_seeded_net, ex.batches)
+    assert under_ddp.findings == [], under_ddp.text()  # DDP broadcasts rank 0's weights
+
+
 def test_3_a_step_one_rank_skips_parts_the_collectives(fixed):
     skips = watch(ex.train_step_skips, ex.seeded_net, ex.batches, timeout=20)
     f = _one(skips, "collectives-differ-between-ranks")

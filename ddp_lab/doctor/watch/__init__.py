@@ -88,6 +88,8 @@ def _report(run, train_step, strategy, steps, world_size) -> Report:
     seconds = [v["seconds"] for v in (r.value for r in run.ranks if r.ok) if v]
     name = getattr(train_step, "__qualname__", "train_step")
     notes = [f"{steps} step(s) of your {name} on {world_size} ranks under {strategy}"]
+    if recs and not any(s.get("losses") for r in recs for s in checks.steps_of(r)):
+        notes.append("the logged value was not checked: no backward ran inside train_step")
     report = Report(name, world_size, steps, None, found, status=run.status, run=run,
                     notes=notes, strategy=strategy, tool="watch")
     report.seconds_per_step = _per_step(seconds)

@@ -31,7 +31,8 @@ def state_findings(recs: list[dict]) -> list[Finding]:
                 + ["a checkpoint saved by rank 0 now holds rank 0's values only; the ranks train "
                    "different models from here"],
                 fix="update state from all ranks' data (all_reduce the statistic before writing "
-                    "it into the buffer, or SyncBatchNorm), or recompute it identically on every rank")]
+                    "it into the buffer, or SyncBatchNorm), or recompute it identically on every rank",
+                strategies=("ddp",) if kind == "parameters" else ())]
     return []
 
 
@@ -61,7 +62,7 @@ def random_findings(recs: list[dict], strategy: str) -> list[Finding]:
             [f"differ: {', '.join(differ[:4])}", "each rank keeps its own shard of its own "
              "initialisation: a pretrained load done on one rank only is lost"],
             fix="seed the model's construction identically on every rank (or load the weights on "
-                "every rank) before fully_shard"))
+                "every rank) before fully_shard", strategies=("fsdp2",)))
     return out
 
 
