@@ -18,12 +18,13 @@ needs_op = pytest.mark.skipif(not is_built(), reason="DeepSpeed's op is not buil
 
 @pytest.fixture(scope="module")
 def broken():
-    return watch(ex.train_step, ex.Net, ex.batches, save=ex.save)
+    return watch(ex.train_step, ex.Net, ex.batches, save=ex.save, evaluate=ex.evaluate)
 
 
 @pytest.fixture(scope="module")
 def fixed():
-    return watch(ex.train_step_fixed, ex.seeded_net, ex.batches, save=ex.save_fixed)
+    return watch(ex.train_step_fixed, ex.seeded_net, ex.batches, save=ex.save_fixed,
+                 evaluate=ex.evaluate_fixed)
 
 
 @pytest.fixture(scope="module")
@@ -102,6 +103,11 @@ def test_6_a_loss_logged_from_one_ranks_data_is_found(broken):
     assert f.evidence[0].endswith("(its own rank's loss alone)")
 
 
+def test_an_evaluation_of_each_ranks_own_data_is_found(broken):
+    f = _one(broken, "evaluation-differs-between-ranks")
+    assert f.evidence[0].startswith("mae: rank 0 ")
+
+
 def test_a_step_that_does_not_fit_is_refused_before_any_launch():
     with pytest.raises(WatchInputError, match=r"train_step must take \(model, batch, step\)"):
         watch(lambda model, batch: 0.0, ex.Net, ex.batches)
@@ -131,9 +137,10 @@ def test_cli_runs_the_readme_example(monkeypatch, capsys):
 
     monkeypatch.chdir(Path(__file__).parents[2])
     code = main(["watch", "examples/watch_train.py:train_step", "--model",
-                 "examples/watch_train.py:Net", "--save", "save"])
+                 "examples/watch_train.py:Net", "--save", "save", "--evaluate", "evaluate"])
     out = capsys.readouterr().out
     assert code == 1 and "checkpoint-does-not-reload" in out and "dropout-masks-identical" in out
+    assert "evaluation-differs-between-ranks" in out
     assert main(["watch", "examples/watch_train.py:Net", "--model", "examples/watch_train.py:Net"]) == 2
     assert "train_step must take (model, batch, step)" in capsys.readouterr().err
 

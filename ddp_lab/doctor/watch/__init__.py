@@ -27,22 +27,27 @@ STRATEGIES = ("ddp", "fsdp2", "zero3")
 
 def watch(train_step: Callable, model: Callable, batches, *, strategy: str = "ddp",
           steps: int = 3, world_size: int = 2, save: Callable | None = None,
-          optimizer: Callable | None = None, timeout: float = 60) -> Report:
+          evaluate: Callable | None = None, optimizer: Callable | None = None,
+          timeout: float = 60) -> Report:
     """Run `train_step(model, batch, step)` on real ranks and check what it does across them.
 
     `model` is a zero-argument factory (or an nn.Module class) called on every rank;
     `batches(rank, step)` gives each rank's batch (a tensor, a tuple or a dict); `save(model,
-    path)` your checkpoint code, called after the steps on every rank; `optimizer(params)`
+    path)` your checkpoint code, called after the steps on every rank; `evaluate(model, batch)`
+    your evaluation, called after them on every rank with its next batch, returning what you log
+    (its values must agree across ranks: a metric of one rank's data does not); `optimizer(params)`
     builds the optimizer passed as `optimizer=` when train_step takes one (default SGD, lr
     0.05; under ZeRO-3 the engine's). Raises WatchInputError (a ValueError) when they do not fit.
     """
     from ...launching.launcher import launch
 
     _validate(train_step, model, batches, strategy, steps, world_size, save)
+    if evaluate is not None:
+        _fits(evaluate, "evaluate", ("model", "batch"))
     wants = "optimizer" in inspect.signature(train_step).parameters
     with tempfile.TemporaryDirectory(prefix="ddp-lab-watch-") as folder:
         from .rank import body
-        run = launch(body, train_step, model, batches, strategy, steps, save=save,
+        run = launch(body, train_step, model, batches, strategy, steps, save=save, evaluate=evaluate,
                      path=os.path.join(folder, "checkpoint.pt"), make_optimizer=optimizer,
                      wants_optimizer=wants, world_size=world_size, timeout=timeout, grace=2.0,
                      label=f"watch {strategy}")
@@ -84,7 +89,8 @@ def _report(run, train_step, strategy, steps, world_size) -> Report:
     _raise_input_error(run)
     found = (checks.state_findings(recs) + checks.random_findings(recs, strategy)
              + checks.read_findings(recs, strategy) + checks.logged_findings(recs)
-             + checks.reload_findings(recs[0] if recs else {}) + failure_findings(run, recs))
+             + checks.reload_findings(recs[0] if recs else {}) + checks.evaluate_findings(recs)
+             + failure_findings(run, recs))
     seconds = [v["seconds"] for v in (r.value for r in run.ranks if r.ok) if v]
     name = getattr(train_step, "__qualname__", "train_step")
     notes = [f"{steps} step(s) of your {name} on {world_size} ranks under {strategy}"]

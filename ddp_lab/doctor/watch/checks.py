@@ -133,3 +133,21 @@ def reload_findings(rec0: dict) -> list[Finding]:
         fix="save the plain module's state: model.module.state_dict() under DDP; under FSDP2 "
             "get_model_state_dict(model, options=StateDictOptions(full_state_dict=True)); under "
             "ZeRO-3 engine.save_16bit_model or the state gathered with GatheredParameters")]
+
+
+def evaluate_findings(recs: list[dict]) -> list[Finding]:
+    """The values `evaluate` returns agree across ranks (each evaluated its own batch: a value
+    that differs is one rank's data only, whichever rank logs it)."""
+    values = [r.get("evaluate") for r in recs]
+    if len(values) < 2 or not all(values):
+        return []
+    differ = [k for k in values[0] if len({round(v.get(k, float("nan")), 6) for v in values}) > 1]
+    if not differ:
+        return []
+    return [Finding(
+        "warning", "evaluation-differs-between-ranks", "14",
+        f"evaluate returns different {', '.join(differ[:3])} on different ranks",
+        [f"{k}: " + ", ".join(f"rank {r} {v[k]:.4g}" for r, v in enumerate(values)) for k in differ[:3]]
+        + ["each rank evaluated its own share of the data: the value rank 0 logs is its share's"],
+        fix="sum the counts (correct, total, loss sums) over the ranks with all_reduce, then divide; "
+            "under DistributedSampler padding, count only the real samples")]

@@ -14,7 +14,8 @@ EPILOG = """examples:
 
 train_step(model, batch, step[, optimizer]) returns what you log (a float, a 0-dim tensor, or a
 dict of them); --model is a zero-argument factory (or an nn.Module class); --batches a function
-(rank, step) -> batch; --save a function (model, path). A NAME without a path is looked up in
+(rank, step) -> batch; --save a function (model, path); --evaluate a function (model, batch)
+returning what you log. A NAME without a path is looked up in
 the step's file. Exit status: 0 no error found, 1 errors found, 2 bad input."""
 
 
@@ -24,6 +25,7 @@ def configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--batches", default="batches", metavar="PATH:NAME",
                    help="a function (rank, step) -> batch (default: batches in the step's file)")
     p.add_argument("--save", metavar="PATH:NAME", help="your checkpoint code, (model, path)")
+    p.add_argument("--evaluate", metavar="PATH:NAME", help="your evaluation, (model, batch)")
     p.add_argument("--strategy", choices=("ddp", "fsdp2", "zero3"), default="ddp")
     p.add_argument("--steps", type=int, default=3, help="training steps (default 3)")
     p.add_argument("--world-size", type=int, default=2, help="ranks to run (default 2)")
@@ -61,6 +63,7 @@ def run(args) -> int:
         step, module = load_target(args.target)
         report = watch(step, _named(args.model, module), _named(args.batches, module),
                        save=_named(args.save, module) if args.save else None,
+                       evaluate=_named(args.evaluate, module) if args.evaluate else None,
                        strategy=args.strategy, steps=args.steps, world_size=args.world_size,
                        timeout=args.timeout)
     except (WatchInputError, DoctorInputError) as exc:

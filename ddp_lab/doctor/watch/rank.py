@@ -119,7 +119,7 @@ def reload_check(factory, path: str, full: dict) -> dict:
 
 
 def body(step_fn, factory, batches, strategy: str, steps: int, save=None, path: str = "",
-         make_optimizer=None, wants_optimizer: bool = False) -> dict:
+         make_optimizer=None, wants_optimizer: bool = False, evaluate=None) -> dict:
     """The rank's whole run; what it returns is plain data."""
     import torch
 
@@ -136,6 +136,8 @@ def body(step_fn, factory, batches, strategy: str, steps: int, save=None, path: 
         batch = batches(rank, step)
         rec = one_step(step_fn, wrapped, model, batch, step, kwargs, strategy)
         seconds.append((rec["step_s"], rec["checks_s"]))
+    if evaluate is not None:
+        emit("evaluate", logged(evaluate(wrapped, batches(rank, steps)), steps))
     if save is not None:
         save(wrapped, path)
         full = full_state(model, strategy)
