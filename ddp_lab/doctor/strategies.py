@@ -37,6 +37,17 @@ WHY_NOT = {  # code -> why the rule does not hold under another strategy
 }
 
 
+# code -> (its own severity, why): a finding that only DDP's failure made an error. DDP
+# broadcasts rank 0's buffers before each forward (DistributedDataParallel._sync_buffers,
+# broadcast_buffers=True); fully_shard has no buffer broadcast (torch/distributed/fsdp/
+# _fully_shard), and DeepSpeed's engine broadcasts parameters only, once (engine._broadcast_model).
+RAISED_BY_DDP = {
+    "state-shape-follows-input": ("warning", "the failure was DDP's broadcast of the buffers "
+                                  "before forward; FSDP2 and ZeRO-3 broadcast no buffer, so each "
+                                  "rank keeps its own"),
+}
+
+
 def strategies_of(code: str) -> tuple[str, ...]:
     return STRATEGIES_OF.get(code, EVERY)
 
@@ -52,7 +63,12 @@ def strategy_names(strategies) -> str:
 def judged_under(findings: list, strategy: str) -> list:
     """Under `strategy`, an error that is another strategy's rule becomes a note saying so."""
     for f in findings:
-        if strategy in EVERY and strategy not in f.strategies and f.severity == "error":
+        raised = RAISED_BY_DDP.get(f.code)
+        if strategy in ("fsdp2", "zero3") and raised and f.severity == "error" and any(
+                e.startswith("the run then failed") for e in f.evidence):
+            f.severity = raised[0]
+            f.evidence.append(f"DDP only: under {strategy} this is a {raised[0]} ({raised[1]})")
+        elif strategy in EVERY and strategy not in f.strategies and f.severity == "error":
             why = WHY_NOT.get(f.code, "the rule does not apply to it")
             f.severity = "info"
             f.evidence.append(f"{strategy_names(f.strategies)}: under {strategy} this is not an "

@@ -41,6 +41,18 @@ def test_under_zero3_and_fsdp2_no_ddp_only_finding_is_an_error():
     assert under_ddp[0].severity == "error"
 
 
+def test_an_error_only_ddps_buffer_broadcast_raised_is_its_own_severity_under_sharding():
+    def shaped():
+        return Finding("error", "state-shape-follows-input", "08", "t",
+                       ["cache: rank 0: (6,), rank 1: (5,)", "the run then failed: rank 0 ..."])
+
+    for strategy in ("fsdp2", "zero3"):
+        [f] = judged_under([shaped()], strategy)
+        assert f.severity == "warning" and f.evidence[-1].startswith(
+            f"DDP only: under {strategy} this is a warning (the failure was DDP's broadcast")
+    assert judged_under([shaped()], "ddp")[0].severity == "error"
+
+
 def test_every_finding_states_its_strategies_in_text_html_and_dict():
     report = Report("Net", 2, 3, findings=[Finding("error", "read-outside-its-unit", "12", "t"),
                                            Finding("warning", "hard-coded-device", "02", "t")])
