@@ -1,10 +1,12 @@
 """Findings judged by the strategy the user trains with (doctor/strategies.py, issue 24): a rule
 only DDP enforces is not an error under FSDP2 or ZeRO-3, and every finding says whose rule it is."""
+import pytest
 import torch
 from torch import nn
 
 from ddp_lab.doctor import Finding, Report, doctor
 from ddp_lab.doctor.strategies import EVERY, STRATEGIES_OF, judged_under
+from ddp_lab.instruments.deepspeed_ops import is_built
 
 
 class DetachedAux(nn.Module):
@@ -30,6 +32,13 @@ def test_unused_parameters_are_an_error_under_ddp_and_a_ddp_note_under_fsdp2():
     assert "unused-parameters: " in fsdp2.text() and "(DDP only)" in fsdp2.text()
     assert all(d["strategies"] for d in fsdp2.to_dict()["findings"])
     assert fsdp2.to_dict()["strategy"] == "fsdp2"
+
+
+@pytest.mark.skipif(not is_built(), reason="DeepSpeed's op is not built here: run ddp-lab build-ops")
+def test_the_detached_head_trains_sharded_by_zero3_and_is_no_error_there():
+    report = doctor(DetachedAux, torch.randn(4, 8), strategy="zero3", timeout=90)
+    assert report.errors == [] and report.status == "ok", report.text()
+    assert [f.severity for f in report.findings if f.code == "unused-parameters"] == ["info"]
 
 
 def test_under_zero3_and_fsdp2_no_ddp_only_finding_is_an_error():
