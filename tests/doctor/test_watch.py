@@ -84,6 +84,13 @@ def test_4_a_zero3_placeholder_read_outside_forward_is_named_by_its_line(zero3):
     assert "sharded-read-outside-forward" not in fixed.codes()
 
 
+def test_4_a_dtensor_read_outside_forward_under_fsdp2_is_a_note_with_its_line():
+    report = watch(ex.train_step_logs_norm, ex.seeded_net, ex.batches, strategy="fsdp2")
+    f = _one(report, "sharded-read-outside-forward")
+    assert f.severity == "info" and "out.weight, rank 0, step 0: a DTensor" in f.evidence[0]
+    assert "train_step_logs_norm" in f.evidence[0] and report.errors == []
+
+
 def test_5_a_checkpoint_saved_through_ddp_does_not_reload(broken):
     f = _one(broken, "checkpoint-does-not-reload")
     assert 'Unexpected key(s) in state_dict: "module.' in f.evidence[0]
