@@ -108,6 +108,7 @@ def test_6_a_loss_logged_from_one_ranks_data_is_found(broken):
     f = _one(broken, "logged-value-not-all-ranks")
     assert f.evidence[0].startswith("rank 0 returns loss = ")
     assert f.evidence[0].endswith("(its own rank's loss alone)")
+    assert f.evidence[-1].startswith("returned by train_step (watch_train.py:")
 
 
 def test_an_evaluation_of_each_ranks_own_data_is_found(broken):

@@ -91,6 +91,7 @@ def _report(run, train_step, strategy, steps, world_size) -> Report:
              + checks.read_findings(recs, strategy) + checks.logged_findings(recs)
              + checks.reload_findings(recs[0] if recs else {}) + checks.evaluate_findings(recs)
              + failure_findings(run, recs))
+    _name_the_function(found, "logged-value-not-all-ranks", train_step)
     seconds = [v["seconds"] for v in (r.value for r in run.ranks if r.ok) if v]
     name = getattr(train_step, "__qualname__", "train_step")
     notes = [f"{steps} step(s) of your {name} on {world_size} ranks under {strategy}"]
@@ -100,6 +101,17 @@ def _report(run, train_step, strategy, steps, world_size) -> Report:
                     notes=notes, strategy=strategy, tool="watch")
     report.seconds_per_step = _per_step(seconds)
     return report
+
+
+def _name_the_function(found, code: str, fn) -> None:
+    """The line of the user's function that returned the value, on its finding."""
+    from ..frames import short_file
+
+    code_obj = getattr(fn, "__code__", None)
+    for f in found:
+        if f.code == code and code_obj is not None:
+            f.evidence.append(f"returned by {fn.__qualname__} "
+                                 f"({short_file(code_obj.co_filename)}:{code_obj.co_firstlineno})")
 
 
 def _per_step(seconds) -> dict:
