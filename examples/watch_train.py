@@ -138,7 +138,7 @@ def evaluate_fixed(model, batch):
     """The mean absolute error over every rank's batch: sums and counts summed over the ranks."""
     x, y = batch
     with torch.no_grad():
-        sums = torch.stack([(model(x) - y).abs().sum(), torch.tensor(float(y.numel()))])
+        sums = torch.stack([(model(x) - y).abs().sum(), y.new_tensor(float(y.numel()))])
     dist.all_reduce(sums)
     return {"mae": sums[0] / sums[1]}
 

@@ -89,8 +89,8 @@ def full_state(model, strategy: str) -> dict:
     if strategy == "zero3":
         import deepspeed
         with deepspeed.zero.GatheredParameters(list(model.parameters())):
-            return {k: v.detach().clone() for k, v in model.state_dict().items()}
-    return {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().clone()
+            return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+    return {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().cpu().clone()
             for k, v in model.state_dict().items()}
 
 
@@ -123,21 +123,22 @@ def body(step_fn, factory, batches, strategy: str, steps: int, save=None, path: 
     """The rank's whole run; what it returns is plain data."""
     import torch
 
-    from ...launching.rankinfo import rank_info
+    from ...launching.rankinfo import device, rank_info
+    from ..inputs import move
 
-    rank = rank_info().rank
-    model = factory()
+    rank, dev = rank_info().rank, device()  # cuda:LOCAL_RANK under NCCL, else the CPU
+    model = factory().to(dev)
     emit("init", state_hashes(model, "ddp"))
     make_optimizer = make_optimizer or (lambda params: torch.optim.SGD(params, lr=LR))
     wrapped, opt = wrap(model, strategy, make_optimizer)
     kwargs = {"optimizer": opt} if wants_optimizer else {}
     seconds = []
     for step in range(steps):
-        batch = batches(rank, step)
+        batch = move(batches(rank, step), dev)
         rec = one_step(step_fn, wrapped, model, batch, step, kwargs, strategy)
         seconds.append((rec["step_s"], rec["checks_s"]))
     if evaluate is not None:
-        emit("evaluate", logged(evaluate(wrapped, batches(rank, steps)), steps))
+        emit("evaluate", logged(evaluate(wrapped, move(batches(rank, steps), dev)), steps))
     if save is not None:
         save(wrapped, path)
         full = full_state(model, strategy)
