@@ -8,7 +8,8 @@ The public face: what notebooks, scripts and the README use, from `ddp_lab` itse
     get_lesson, get_scenario, show, try_fix, scenario_panel, plots
     get_logger, logs (the rank-aware logger and its records)
     measured_step (inside a rank: what each step costs, RankResult.steps)
-    doctor; %load_ext ddp_lab for the %%ddp cell magic
+    doctor; watch (your own training step, checked across ranks after each step)
+    %load_ext ddp_lab for the %%ddp cell magic
 
 The parts behind it: launching/ (the engine and the record of a run), instruments/ (what lessons
 and the doctor measure with), course/ (registry, tour, exercises, widgets, magic, plots), kit/
@@ -24,7 +25,7 @@ from .launching import (DistributedRunError, ErrorInfo, LaunchInterrupted, RankI
                         sanitize)
 
 __version__ = "0.1.0"
-_LAZY = ("scenario_panel", "plots", "logs", "get_logger", "divergence", "measured_step")  # imported on first use
+_LAZY = ("scenario_panel", "plots", "logs", "get_logger", "divergence", "measured_step", "watch")  # imported on first use
 __all__ = ["launch", "prewarm", "RunResult", "RankResult", "ErrorInfo", "DistributedRunError",
            "LaunchInterrupted", "RankInfo", "rank_info", "device", "ddp_kwargs", "restart_clock",
            "sanitize", "get_lesson", "get_scenario", "show", "try_fix", "doctor",
@@ -44,6 +45,8 @@ def __getattr__(name: str):
         from .instruments.logs import get_logger as value
     elif name == "divergence":
         from .launching import divergence as value
+    elif name == "watch":
+        from .doctor.watch import watch as value
     elif name == "measured_step":
         from .instruments.probes import measured_step as value
     else:

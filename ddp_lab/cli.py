@@ -1,6 +1,6 @@
 """The `ddp-lab` command (also `python -m ddp_lab`). One parser; each part of the package adds
 its own subcommands to it the same way, with its `cli.add_commands(subparsers)`: the course
-(list, run, tour, build-ops), the kit (check, workshop, site) and the doctor (doctor)."""
+(list, run, tour, build-ops), the kit (check, workshop, site), the doctor (doctor) and watch (watch)."""
 from __future__ import annotations
 
 import argparse
@@ -8,14 +8,15 @@ import sys
 
 from .course import cli as course
 from .doctor import cli as doctor
+from .doctor.watch import cli as watch
 from .kit import cli as kit
 from .launching.rankinfo import in_torchrun
 
 DESCRIPTION = ("Reproduce the errors of custom nn.Modules in PyTorch distributed training on real "
                "ranks: list, run and tour the course's scenarios, build DeepSpeed's op, check a "
                "machine before a workshop, build the workshop kit and the course's site, and "
-               "diagnose your own module (doctor).")
-PARTS = (course, kit, doctor)  # in the order of `ddp-lab --help`
+               "diagnose your own module (doctor) and your own training step (watch).")
+PARTS = (course, kit, doctor, watch)  # in the order of `ddp-lab --help`
 
 
 def build_parser() -> argparse.ArgumentParser:

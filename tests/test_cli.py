@@ -27,7 +27,7 @@ def test_help_prints_the_whole_description_and_every_part_adds_its_commands(caps
     assert " ".join(cli.DESCRIPTION.split()) in out and cli.DESCRIPTION.endswith(".")
     sub = [a for a in cli.build_parser()._actions if a.dest == "command"][0]
     assert list(sub.choices) == ["list", "run", "tour", "build-ops", "check", "workshop", "site",
-                                 "doctor"]
+                                 "doctor", "watch"]
     assert all(callable(part.add_commands) for part in cli.PARTS)
 
 

@@ -31,6 +31,7 @@ SYNOPSES_RUN_AS = {  # a synopsis line -> where its plain form runs
     "ddp-lab run": ("tests/test_cli.py", 'main(["run", "00", "rank_exits"])'),
     "ddp-lab tour": ("tests/test_cli.py", 'main(["tour", "--lesson", "00"'),
     "ddp-lab doctor": ("tests/test_readme_commands.py", "def test_the_doctor_examples_run_as_shown"),
+    "ddp-lab watch": ("tests/doctor/test_watch.py", "def test_cli_runs_the_readme_example"),
     "ddp-lab workshop build": ("tests/kit/test_workshop.py", 'main(["workshop", "build"'),
     "ddp-lab site build": ("tests/kit/test_site.py", 'main(["site", "build"'),
     # installs another torch (minutes, GBs): its report and its refusals run in the test

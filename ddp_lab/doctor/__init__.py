@@ -16,6 +16,7 @@ from typing import Callable
 
 from .inputs import DoctorBug, DoctorInputError
 from .report import LESSONS, Finding, Report
+from .strategies import judged_under
 from .settings import not_exercised, settings_note, validated_ddp_kwargs
 
 __all__ = ["doctor", "Report", "Finding", "DoctorInputError", "DoctorBug", "LESSONS"]
@@ -77,8 +78,9 @@ def doctor(model, example_input, *, world_size: int = 2, steps: int = 3,
     if compile:
         notes.append(_compile_check(dynamic, run, source, example_input, steps, loss, amp,
                                     settings, plan, world_size, timeout, where))
-    return Report(source.name, world_size, steps, amp, findings + dynamic, status=run.status,
-                  seconds=time.time() - start, run=run, ddp_kwargs=settings, notes=notes)
+    return Report(source.name, world_size, steps, amp, judged_under(findings + dynamic, strategy),
+                  status=run.status, seconds=time.time() - start, run=run, ddp_kwargs=settings,
+                  notes=notes, strategy=strategy)
 
 
 def _compile_check(found, run, source, example, steps, loss, amp, settings, plan, world_size,

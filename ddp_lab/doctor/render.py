@@ -5,6 +5,7 @@ import html
 import textwrap
 
 from ..launching.display import cell, table
+from .strategies import strategy_names
 
 MARK = {"error": "ERROR", "warning": "WARN ", "info": "info "}
 COLOUR = {"error": "#e74c3c", "warning": "#e67e22", "info": "#3498db"}  # legible on light and dark
@@ -22,7 +23,9 @@ def _wrap(text: str, first: str, rest: str, width: int = 100) -> list[str]:
 
 def finding_text(f, traces: bool = False) -> list[str]:
     pad = " " * 8
-    lines = [f"{MARK[f.severity]}  [{f.lesson} {f.error_class}] {f.code}: {f.title}"]
+    only = strategy_names(f.strategies)
+    lines = [f"{MARK[f.severity]}  [{f.lesson} {f.error_class}] {f.code}: {f.title}"
+             + (f" ({only})" if only else "")]
     for ev in f.evidence:
         lines += _wrap(ev, pad + "- ", pad + "  ")
     if f.fix:
@@ -71,6 +74,8 @@ def _row(f) -> str:
     sev = f"<b style='color:{COLOUR[f.severity]}'>{f.severity}</b>"
     lesson = f"{f.lesson}<br><small>{_cell(f.error_class)}</small>"
     finding = f"<code style='{_NOWRAP}'>{_cell(f.code)}</code><br>{_cell(f.title)}"
+    if only := strategy_names(f.strategies):
+        finding += f"<br><small>{_cell(only)}</small>"
     return (f"<tr>{_td(sev, _NOWRAP)}{_td(lesson, 'min-width:7em')}{_td(finding, 'min-width:14em')}"
             f"{_td(ev)}{_td(_cell(f.fix), 'min-width:12em')}</tr>")
 

@@ -9,6 +9,8 @@ from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from typing import Any
 
+from .strategies import strategies_of
+
 SEVERITIES = ("error", "warning", "info")
 
 
@@ -54,8 +56,10 @@ class Finding:
     evidence: list[str] = field(default_factory=list)
     fix: str = ""
     trace: str = ""
+    strategies: tuple = ()  # the strategies whose rule this is; () means STRATEGIES_OF's
 
     def __post_init__(self):
+        self.strategies = tuple(self.strategies) or strategies_of(self.code)
         if self.severity not in SEVERITIES:
             raise ValueError(f"severity must be one of {SEVERITIES}, got {self.severity!r}")
         if self.lesson not in LESSONS:
@@ -66,7 +70,7 @@ class Finding:
         return LESSONS[self.lesson]
 
     def to_dict(self) -> dict[str, Any]:
-        return dict(asdict(self), error_class=self.error_class)
+        return dict(asdict(self), error_class=self.error_class, strategies=list(self.strategies))
 
 
 @dataclass
@@ -83,6 +87,8 @@ class Report:
     run: Any = field(default=None, repr=False, compare=False)  # the RunResult of the ranks
     ddp_kwargs: dict = field(default_factory=dict)  # the DDP settings the module was judged under
     notes: list[str] = field(default_factory=list)  # what the run assumed and did not exercise
+    strategy: str = "ddp"  # the strategy the findings were judged under
+    tool: str = "doctor"  # or "watch" (ddp_lab.watch: the user's own training step)
 
     def __post_init__(self):
         order = {s: i for i, s in enumerate(SEVERITIES)}
@@ -118,14 +124,15 @@ class Report:
         counts = [(len(self.of(s)), s) for s in SEVERITIES]
         parts = [f"{n} {s}{'' if n == 1 else 's'}" for n, s in counts if n]
         amp = f", autocast {self.amp}" if self.amp else ""
+        amp += f", judged under {self.strategy}" if self.strategy != "ddp" else ""
         ddp = "".join(f", {k}={v!r}" for k, v in self.ddp_kwargs.items())
-        head = (f"doctor: {self.target} (world size {self.world_size}, {self.steps} "
+        head = (f"{self.tool}: {self.target} (world size {self.world_size}, {self.steps} "
                 f"step{'' if self.steps == 1 else 's'}{amp}{ddp}, ranks {self.status})")
         return f"{head}: {', '.join(parts) if parts else 'no findings'}"
 
     def to_dict(self) -> dict[str, Any]:
         return {"target": self.target, "world_size": self.world_size, "steps": self.steps,
-                "amp": self.amp, "ddp_kwargs": self.ddp_kwargs, "status": self.status,
+                "amp": self.amp, "strategy": self.strategy, "ddp_kwargs": self.ddp_kwargs, "status": self.status,
                 "exit_status": self.exit_status, "seconds": round(self.seconds, 3),
                 "notes": list(self.notes),
                 "findings": [f.to_dict() for f in self.findings]}

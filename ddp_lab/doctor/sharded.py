@@ -80,20 +80,17 @@ def mixed_grad_units(model, units, own: dict) -> list[str]:
     return mixed
 
 
-def sharded_step(model, units, batch, strategy: str, amp: str | None = None) -> str | None:
+def sharded_step(model, units, batch, strategy: str, amp: str | None = None,
+                 seen: dict | None = None) -> str | None:
     """One forward and backward with the module really sharded; the exception's first line.
-    Under FSDP2, `amp` ("bf16"/"fp16") is FSDP2's MixedPrecisionPolicy(param_dtype=...)."""
+    Under FSDP2, `amp` ("bf16"/"fp16") is FSDP2's MixedPrecisionPolicy(param_dtype=...); with
+    `seen` (holding "reference": the float32 outputs) the bf16 tables check records into it."""
     from .inputs import call, default_loss
 
     try:
         if strategy == "fsdp2":
-            import torch
-            from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-            dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(amp)
-            policy = MixedPrecisionPolicy(param_dtype=dtype)
-            for unit in units:
-                fully_shard(unit, mp_policy=policy)
-            default_loss(call(model, batch)).backward()
+            out = _fsdp2_forward(model, units, batch, amp, seen)
+            default_loss(out).backward()
         else:
             if not __import__("torch").cuda.is_available():
                 from ..instruments.deepspeed_ops import require_built
@@ -108,6 +105,25 @@ def sharded_step(model, units, batch, strategy: str, amp: str | None = None) -> 
     except Exception as exc:  # PyTorch's or DeepSpeed's own message is the evidence
         return f"{type(exc).__name__}: {exc}"
     return None
+
+
+def _fsdp2_forward(model, units, batch, amp, seen: dict | None):
+    import torch
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    from .inputs import call
+    from .precision import low_precision_tables, relative_error
+
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(amp)
+    for unit in units:
+        fully_shard(unit, mp_policy=MixedPrecisionPolicy(param_dtype=dtype))
+    if seen is None:
+        return call(model, batch)
+    with low_precision_tables() as tables:
+        out = call(model, batch)
+    seen["bf16_error"] = relative_error(out, seen.pop("reference"))
+    seen["bf16_tables"] = tables.calls
+    return out
 
 
 def probe(source, example, strategy: str, amp: str | None = None) -> dict:
@@ -125,10 +141,21 @@ def probe(source, example, strategy: str, amp: str | None = None) -> dict:
     own = owners(model, units)
     pnames = {id(p): n for n, p in model.named_parameters(remove_duplicate=False)}
     batch = batch_for(example, rank)
-    return {"shared": sorted((pnames[k], v) for k, v in own.items() if len(v) > 1),
-            "reads": watched_reads(model, units, batch, own),
-            "mixed": mixed_grad_units(model, units, own),
-            "error": sharded_step(model, units, batch, strategy, amp)}
+    seen = _bf16_reference(model, batch) if (strategy, amp) == ("fsdp2", "bf16") else None
+    found = {"shared": sorted((pnames[k], v) for k, v in own.items() if len(v) > 1),
+             "reads": watched_reads(model, units, batch, own),
+             "mixed": mixed_grad_units(model, units, own),
+             "error": sharded_step(model, units, batch, strategy, amp, seen)}
+    (seen or {}).pop("reference", None)  # tensors: only plain data leaves a rank
+    return {**found, **(seen or {})}
+
+
+def _bf16_reference(model, batch) -> dict:
+    """Rank 0's weights everywhere, and the module's float32 outputs run whole with them."""
+    from .precision import reference, same_weights
+
+    same_weights(model)
+    return {"reference": reference(model, batch)}
 
 
 def sharded_findings(source, example, strategy: str, world_size: int, timeout: float,
@@ -160,7 +187,9 @@ FIX_DTYPE = ("FSDP2's MixedPrecisionPolicy casts parameters and each unit's floa
 
 
 def findings(v: dict, strategy: str) -> list[Finding]:
-    out = []
+    from .precision import table_findings
+
+    out = table_findings(v)
     error = [f"{'PyTorch' if strategy == 'fsdp2' else 'DeepSpeed'} said: {brief(v['error'])}"] \
         if v["error"] else []
     if v["shared"] and strategy == "fsdp2":
@@ -185,7 +214,7 @@ def findings(v: dict, strategy: str) -> list[Finding]:
                             "and backward and never reduce-scatters them (lesson 12 measures it)"],
                            fix="nothing to change; freeze with requires_grad_(False), not by "
                                "leaving the parameters out of the optimizer"))
-    if v["error"] and not out:
+    if v["error"] and not [f for f in out if f.lesson == "12"]:
         dtype = "must have the same dtype" in v["error"]
         out.append(Finding("error", "sharded-run-failed", "12",
                            f"forward/backward fails with the module sharded ({strategy})", error,

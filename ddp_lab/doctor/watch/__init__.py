@@ -1,0 +1,128 @@
+"""`ddp_lab.watch`: your own training step on real ranks, checked after every step.
+
+    report = ddp_lab.watch(train_step, make_model, batches, strategy="ddp")
+
+`train_step(model, batch, step)` (optionally `optimizer=`) is yours: it gets the model wrapped
+as the strategy wraps it (DDP, FSDP2's fully_shard, a DeepSpeed ZeRO-3 engine) and returns what
+it would log. `watch` runs it on `world_size` real ranks (ddp_lab.launch) for `steps` steps and
+checks, across ranks: parameters and buffers identical after each step; dropout masks that
+differ (and, under FSDP2, initial weights that agree); the same collectives in the same order
+(the flight recorder); no read of a sharded parameter outside forward; a checkpoint your `save`
+writes that reloads into the plain module; a returned loss equal to its value over all ranks'
+data. A `Report` of `Finding`s, like the doctor's.
+"""
+from __future__ import annotations
+
+import inspect
+import os
+import tempfile
+from typing import Callable
+
+from ..report import Report
+from .rank import WatchInputError
+
+__all__ = ["watch", "WatchInputError"]
+STRATEGIES = ("ddp", "fsdp2", "zero3")
+
+
+def watch(train_step: Callable, model: Callable, batches, *, strategy: str = "ddp",
+          steps: int = 3, world_size: int = 2, save: Callable | None = None,
+          evaluate: Callable | None = None, optimizer: Callable | None = None,
+          timeout: float = 60) -> Report:
+    """Run `train_step(model, batch, step)` on real ranks and check what it does across them.
+
+    `model` is a zero-argument factory (or an nn.Module class) called on every rank;
+    `batches(rank, step)` gives each rank's batch (a tensor, a tuple or a dict); `save(model,
+    path)` your checkpoint code, called after the steps on every rank; `evaluate(model, batch)`
+    your evaluation, called after them on every rank with its next batch, returning what you log
+    (its values must agree across ranks: a metric of one rank's data does not); `optimizer(params)`
+    builds the optimizer passed as `optimizer=` when train_step takes one (default SGD, lr
+    0.05; under ZeRO-3 the engine's). Raises WatchInputError (a ValueError) when they do not fit.
+    """
+    from ...launching.launcher import launch
+
+    _validate(train_step, model, batches, strategy, steps, world_size, save)
+    if evaluate is not None:
+        _fits(evaluate, "evaluate", ("model", "batch"))
+    wants = "optimizer" in inspect.signature(train_step).parameters
+    with tempfile.TemporaryDirectory(prefix="ddp-lab-watch-") as folder:
+        from .rank import body
+        run = launch(body, train_step, model, batches, strategy, steps, save=save, evaluate=evaluate,
+                     path=os.path.join(folder, "checkpoint.pt"), make_optimizer=optimizer,
+                     wants_optimizer=wants, world_size=world_size, timeout=timeout, grace=2.0,
+                     label=f"watch {strategy}")
+    return _report(run, train_step, strategy, steps, world_size)
+
+
+def _validate(train_step, model, batches, strategy, steps, world_size, save) -> None:
+    if strategy not in STRATEGIES:
+        raise WatchInputError(f"strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
+    for name, fn in (("train_step", train_step), ("model", model), ("batches", batches)):
+        if not callable(fn):
+            raise WatchInputError(f"{name} must be callable, got {type(fn).__name__}")
+    _fits(train_step, "train_step", ("model", "batch", "step"), optional=("optimizer",))
+    _fits(batches, "batches", ("rank", "step"))
+    if save is not None:
+        _fits(save, "save", ("model", "path"))
+    if not isinstance(steps, int) or steps < 1 or not isinstance(world_size, int) or world_size < 2:
+        raise WatchInputError(f"steps must be >= 1 and world_size >= 2, got {steps!r}, {world_size!r}")
+
+
+def _fits(fn, name: str, args: tuple[str, ...], optional: tuple[str, ...] = ()) -> None:
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return
+    try:
+        sig.bind(*args, **{k: None for k in optional if k in sig.parameters})
+    except TypeError as exc:
+        raise WatchInputError(f"{name} must take ({', '.join(args)}); {getattr(fn, '__name__', name)}"
+                              f"{sig} does not ({exc})") from None
+
+
+def _report(run, train_step, strategy, steps, world_size) -> Report:
+    from ..sync import records
+    from . import checks
+    from .failures import failure_findings
+
+    recs = [records(r.stdout) for r in run.ranks]
+    _raise_input_error(run)
+    found = (checks.state_findings(recs) + checks.random_findings(recs, strategy)
+             + checks.read_findings(recs, strategy) + checks.logged_findings(recs)
+             + checks.reload_findings(recs[0] if recs else {}) + checks.evaluate_findings(recs)
+             + failure_findings(run, recs))
+    _name_the_function(found, "logged-value-not-all-ranks", train_step)
+    seconds = [v["seconds"] for v in (r.value for r in run.ranks if r.ok) if v]
+    name = getattr(train_step, "__qualname__", "train_step")
+    notes = [f"{steps} step(s) of your {name} on {world_size} ranks under {strategy}"]
+    if recs and not any(s.get("losses") for r in recs for s in checks.steps_of(r)):
+        notes.append("the logged value was not checked: no backward ran inside train_step")
+    report = Report(name, world_size, steps, None, found, status=run.status, run=run,
+                    notes=notes, strategy=strategy, tool="watch")
+    report.seconds_per_step = _per_step(seconds)
+    return report
+
+
+def _name_the_function(found, code: str, fn) -> None:
+    """The line of the user's function that returned the value, on its finding."""
+    from ..frames import short_file
+
+    code_obj = getattr(fn, "__code__", None)
+    for f in found:
+        if f.code == code and code_obj is not None:
+            f.evidence.append(f"returned by {fn.__qualname__} "
+                                 f"({short_file(code_obj.co_filename)}:{code_obj.co_firstlineno})")
+
+
+def _per_step(seconds) -> dict:
+    """{"step": s, "checks": s}: the mean over ranks and steps (steps after the first)."""
+    rows = [row for per_rank in seconds for row in (per_rank[1:] or per_rank)]
+    if not rows:
+        return {}
+    return {"step": sum(r[0] for r in rows) / len(rows), "checks": sum(r[1] for r in rows) / len(rows)}
+
+
+def _raise_input_error(run) -> None:
+    root = run.root_cause
+    if root is not None and root.error is not None and root.error.type == WatchInputError.__name__:
+        raise WatchInputError(f"rank {root.rank}: {root.error.message}")

@@ -1,0 +1,162 @@
+"""`ddp_lab.watch` (doctor/watch/): the user's own training step on real ranks. Each check
+fails on a broken step of examples/watch_train.py and passes on its fix; bad input is refused
+with a WatchInputError (a ValueError) that says what to change."""
+import argparse
+from pathlib import Path
+
+import pytest
+
+from ddp_lab.doctor.loader import load_file
+from ddp_lab.doctor.watch import WatchInputError, watch
+from ddp_lab.doctor.watch.cli import configure
+from ddp_lab.instruments.deepspeed_ops import is_built
+
+ex = load_file(str(Path(__file__).parents[2] / "examples" / "watch_train.py"))
+needs_op = pytest.mark.skipif(not is_built(), reason="DeepSpeed's op is not built here: run "
+                                                     "ddp-lab build-ops (ZeRO-3 on the CPU needs it)")
+
+
+@pytest.fixture(scope="module")
+def broken():
+    return watch(ex.train_step, ex.Net, ex.batches, save=ex.save, evaluate=ex.evaluate)
+
+
+@pytest.fixture(scope="module")
+def fixed():
+    return watch(ex.train_step_fixed, ex.seeded_net, ex.batches, save=ex.save_fixed,
+                 evaluate=ex.evaluate_fixed)
+
+
+@pytest.fixture(scope="module")
+def zero3():
+    return (watch(ex.train_step_logs_norm, ex.seeded_net, ex.batches, strategy="zero3",
+                  save=ex.save_module),
+            watch(ex.train_step_logs_norm_fixed, ex.seeded_net, ex.batches, strategy="zero3",
+                  save=ex.save_fixed))
+
+
+def _one(report, code):
+    found = [f for f in report.findings if f.code == code]
+    assert len(found) == 1, report.text()
+    return found[0]
+
+
+def test_fixed_step_has_no_finding(fixed):
+    assert fixed.findings == [] and fixed.status == "ok", fixed.text()
+
+
+def test_1_state_differing_after_a_step_is_named(broken):
+    f = _one(broken, "buffers-differ-after-step")
+    assert "differ between ranks after step 0" in f.title
+    assert f.evidence[0].startswith("first: buffer input_mean")
+
+
+def test_2_dropout_from_equal_generators_is_found(broken):
+    f = _one(broken, "dropout-masks-identical-across-ranks")
+    assert f.evidence[0] == "identical masks on all 2 ranks: drop"
+
+
+def test_2_weights_built_from_per_rank_seeds_are_found_under_fsdp2():
+    broken = watch(ex.train_step_fixed, ex.per_rank_seeded_net, ex.batches, strategy="fsdp2")
+    f = _one(broken, "initial-weights-differ")
+    assert f.evidence[0].startswith("differ: parameter inp.weight") and f.strategies == ("fsdp2",)
+    fixed = watch(ex.train_step_fixed, ex.seeded_net, ex.batches, strategy="fsdp2")
+    assert fixed.findings == [], fixed.text()
+    under_ddp = watch(ex.train_step_fixed, ex.per_rank_seeded_net, ex.batches)
+    assert under_ddp.findings == [], under_ddp.text()  # DDP broadcasts rank 0's weights
+
+
+def test_3_a_step_one_rank_skips_parts_the_collectives(fixed):
+    skips = watch(ex.train_step_skips, ex.seeded_net, ex.batches, timeout=20)
+    f = _one(skips, "collectives-differ-between-ranks")
+    assert f.evidence[0].startswith("step 1: rank 0 entered ")
+    assert f.evidence[0].endswith("rank 1 entered 0 collective(s)")
+    assert "collectives-differ-between-ranks" not in fixed.codes()
+
+
+@needs_op
+def test_4_a_zero3_placeholder_read_outside_forward_is_named_by_its_line(zero3):
+    broken, fixed = zero3
+    f = _one(broken, "sharded-read-outside-forward")
+    assert f.severity == "error" and f.strategies == ("zero3",)
+    assert "out.weight, rank 0, step 0: a ZeRO-3 placeholder of shape (0,)" in f.evidence[0]
+    assert "train_step_logs_norm" in f.evidence[0]
+    assert "sharded-read-outside-forward" not in fixed.codes()
+
+
+def test_4_a_dtensor_read_outside_forward_under_fsdp2_is_a_note_with_its_line():
+    report = watch(ex.train_step_logs_norm, ex.seeded_net, ex.batches, strategy="fsdp2")
+    f = _one(report, "sharded-read-outside-forward")
+    assert f.severity == "info" and "out.weight, rank 0, step 0: a DTensor" in f.evidence[0]
+    assert "train_step_logs_norm" in f.evidence[0] and report.errors == []
+
+
+def test_5_a_checkpoint_saved_through_ddp_does_not_reload(broken):
+    f = _one(broken, "checkpoint-does-not-reload")
+    assert 'Unexpected key(s) in state_dict: "module.' in f.evidence[0]
+
+
+@needs_op
+def test_5_a_checkpoint_of_zero3_placeholders_does_not_reload(zero3):
+    broken, fixed = zero3
+    f = _one(broken, "checkpoint-does-not-reload")
+    assert "torch.Size([0])" in f.evidence[0]
+    assert fixed.findings == [], fixed.text()
+
+
+def test_6_a_loss_logged_from_one_ranks_data_is_found(broken):
+    f = _one(broken, "logged-value-not-all-ranks")
+    assert f.evidence[0].startswith("rank 0 returns loss = ")
+    assert f.evidence[0].endswith("(its own rank's loss alone)")
+    assert f.evidence[-1].startswith("returned by train_step (watch_train.py:")
+
+
+def test_an_evaluation_of_each_ranks_own_data_is_found(broken):
+    f = _one(broken, "evaluation-differs-between-ranks")
+    assert f.evidence[0].startswith("mae: rank 0 ")
+
+
+def test_a_step_that_does_not_fit_is_refused_before_any_launch():
+    with pytest.raises(WatchInputError, match=r"train_step must take \(model, batch, step\)"):
+        watch(lambda model, batch: 0.0, ex.Net, ex.batches)
+    with pytest.raises(WatchInputError, match="strategy must be one of ddp, fsdp2, zero3"):
+        watch(ex.train_step, ex.Net, ex.batches, strategy="zero2")
+    assert issubclass(WatchInputError, ValueError)
+
+
+def _returns_nothing(model, batch, step):
+    model(batch[0]).sum().backward()
+
+
+def test_a_step_that_returns_nothing_is_refused():
+    with pytest.raises(WatchInputError, match="rank 0: train_step returned None at step 0"):
+        watch(_returns_nothing, ex.Net, ex.batches, steps=1)
+
+
+def test_cli_takes_the_step_the_model_and_the_strategy():
+    args = configure(argparse.ArgumentParser()).parse_args(
+        ["t.py:train_step", "--model", "t.py:Net", "--strategy", "zero3"])
+    assert (args.target, args.model, args.strategy, args.batches) == (
+        "t.py:train_step", "t.py:Net", "zero3", "batches")
+
+
+def test_cli_runs_the_readme_example(monkeypatch, capsys):
+    from ddp_lab.cli import main
+
+    monkeypatch.chdir(Path(__file__).parents[2])
+    code = main(["watch", "examples/watch_train.py:train_step", "--model",
+                 "examples/watch_train.py:Net", "--save", "save", "--evaluate", "evaluate"])
+    out = capsys.readouterr().out
+    assert code == 1 and "checkpoint-does-not-reload" in out and "dropout-masks-identical" in out
+    assert "evaluation-differs-between-ranks" in out
+    assert main(["watch", "examples/watch_train.py:Net", "--model", "examples/watch_train.py:Net"]) == 2
+    assert "train_step must take (model, batch, step)" in capsys.readouterr().err
+
+
+def test_a_step_that_requires_the_optimizer_fits():
+    from ddp_lab.doctor.watch import _validate
+
+    def step(model, batch, step, optimizer):
+        return 0.0
+
+    _validate(step, ex.Net, ex.batches, "ddp", 3, 2, None)  # no WatchInputError
