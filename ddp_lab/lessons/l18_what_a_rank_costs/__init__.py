@@ -7,7 +7,7 @@ course's own instrument: `ddp_lab.measured_step()` in the rank, `RankResult.step
 The loops are in `runs*.py`, the modules in `modules.py`, the pictures in `figures.py`."""
 from __future__ import annotations
 
-from statistics import mean
+from statistics import mean, median
 
 from ...launching.costs import output_bytes_per_step
 from ...course.registry import Expect, Lesson, Scenario, Variant
@@ -22,7 +22,8 @@ from .runs_workers import RowsAsArray, RowsAsObjects, load_epoch
 __all__ = ["LESSON", "GATHER_MB", "SMALL_BUCKET_MB", "UNCAPPED", "compare_threads", "cores",
            "evaluate_metric", "fair_share", "FeatureGains", "figures", "gathered_mse",
            "graph_nodes", "live_tensors", "load_epoch", "Net", "new_saved_bytes", "reduced_mse",
-           "RowsAsArray", "RowsAsObjects", "rss_growth_per_step", "settled_rss_mb", "steady",
+           "RowsAsArray", "RowsAsObjects", "rss_growth_per_step", "settled_rss_mb", "slowdown",
+           "SLOWER", "steady",
            "train_gains", "train_logged", "train_threads", "train_with_history", "worker_growth_mb"]
 
 GATHER_MB = 16  # MiB of predictions (and as many of targets) per rank per step
@@ -31,6 +32,21 @@ SMALL_BUCKET_MB = 0.25
 # otherwise caps each rank at cores // ranks; OMP_NUM_THREADS is read when torch is imported, so
 # a launch that sets it starts its ranks by plain spawn (launcher.IMPORT_TIME_VARS).
 UNCAPPED = {"OMP_NUM_THREADS": str(max(2, cores()))}
+
+
+# How much slower a step at every core is than at the fair share, as asserted: the median over
+# every rank of the runs given. One rank's ratio is not a claim that holds: on the 2-core machine
+# 9 of 96 rank values fell below 1.5 and 4 below 1 (a whole run now and then: both its ranks
+# near 0.9), while the median over a pair of runs' four ranks was 1.38 at the lowest (24 pairs,
+# torch 2.13 and 2.14; `.venv/bin/python benchmarks/threads_slowdown.py --repeat 8`). At 4 ranks
+# on 2 cores every rank measured 5.6x to 15x (6 runs).
+SLOWER = 1.2
+
+
+def slowdown(*runs) -> float:
+    """Seconds per step at every core over seconds per step at the fair share, the median over
+    every rank of `runs` (each rank measured both in alternating blocks, in one run)."""
+    return median(r.value["slowdown"] for run in runs for r in run.ranks)
 
 
 def steady(counts: list, skip: int = 2) -> list:

@@ -6,6 +6,7 @@ ratio of the two, never an absolute time. Every function here runs on a rank."""
 from __future__ import annotations
 
 import os
+import statistics
 import time
 
 import torch
@@ -34,8 +35,8 @@ def fair_share() -> int:
     return max(1, cores() // local)
 
 
-def train_threads(threads: str = "as_launched", steps: int = 2, rounds: int = 2,
-                  block: int = 1) -> dict:
+def train_threads(threads: str = "as_launched", steps: int = 2, rounds: int = 7,
+                  block: int = 2) -> dict:
     """`threads="as_launched"` keeps the threads the launch gave each rank (the bug when every
     rank sees every core); "fair_share" sets them first, as a training script should.
     Trains `steps` steps, then times `rounds` x `block` steps at every core and at the fair
@@ -67,9 +68,11 @@ def train_threads(threads: str = "as_launched", steps: int = 2, rounds: int = 2,
 
 
 def compare_threads(step, counts, rounds: int, block: int) -> dict:
-    """Seconds per step at each thread count in `counts`, timed in alternating blocks after
-    one untimed warm-up block each; every rank switches together (a barrier)."""
-    spent = {k: 0.0 for k in counts}
+    """Seconds per step at each thread count in `counts`: the median over `rounds` blocks of
+    `block` steps, timed in alternation after one untimed warm-up block each; every rank switches
+    together (a barrier). The median, not the mean: one step that the scheduler happens to spare
+    (the other rank waiting in a collective) or to stall says nothing of the rest."""
+    spent = {k: [] for k in counts}
     for r in range(rounds + 1):
         for k in counts:
             torch.set_num_threads(k)
@@ -78,5 +81,5 @@ def compare_threads(step, counts, rounds: int, block: int) -> dict:
             for _ in range(block):
                 step()
             if r:
-                spent[k] += time.perf_counter() - start
-    return {k: s / (rounds * block) for k, s in spent.items()}
+                spent[k].append((time.perf_counter() - start) / block)
+    return {k: statistics.median(s) for k, s in spent.items()}
