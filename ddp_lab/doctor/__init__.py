@@ -7,7 +7,10 @@ does, which of the course's error classes the module has, with the evidence and 
 
 Static checks look at one instance here; every dynamic check runs in ONE launch of
 `world_size` real ranks (ddp_lab.launch) under DDP. Command line:
-`ddp-lab doctor path/to/file.py:Name --input "torch.randn(8, 16)"`.
+`ddp-lab doctor path/to/file.py:Name --input "torch.randn(8, 16)"`. Adding a check: README.md here.
+
+May import: ddp_lab.launching, ddp_lab.instruments and the registry (ddp_lab.course.registry);
+never a lesson (the lessons a finding points to are named by number).
 """
 from __future__ import annotations
 

@@ -17,6 +17,8 @@ stop agreeing, sanitizing and displaying results live here too.
     display.py     how a RunResult looks in a notebook (the HTML table), what the stop button shows
     sanitize.py    remove what varies between runs (addresses, ports, PIDs, times, machine paths)
     frames.py      which stack frames, files and module names are ddp_lab's own
+    cuda_init.py   a GPU count that never initialises CUDA, and the fork server's poison check
+    costs.py       what a rank costs per step: memory and collectives (`measured_step` records)
 
 May import: nothing else of ddp_lab (every other part stands on this one). Lessons use the names
 below (and the public modules: rankinfo, results, divergence, flight, sanitize, display); the

@@ -6,7 +6,7 @@ resident memory) and `RankResult.collectives` (PyTorch's flight recorder). This 
 them: the collectives of each step, how many per step, and a per-rank report. Plain data, no
 torch: it works on a saved and reloaded `RunResult`.
 
-    result = ddp_lab.launch(train, timeout=60)        # a timeout turns the flight recorder on
+    result = ddp_lab.launch(train, timeout=60)        # every launch records collectives (flight.py)
     result.ranks[0].collectives_per_step()            # [1, 3, 1, 1]
     result.ranks[0].collectives_per_step("all_reduce")
     [s.peak_mb for s in result.ranks[0].steps]        # MiB, the highest RSS inside each step

@@ -6,7 +6,7 @@ tells the user's code from its own; both ask here. A place of ours is derived fr
 `__file__` (`place(module)`), and a module passed by name to another process (the rank's entry
 under plain spawn, the fork server's program, what the server preloads) from this module's
 `__name__`, so moving a file cannot silently break a filter: no path or module name of
-ddp_lab is written as a string anywhere else (tests/test_layers.py checks it).
+ddp_lab is written as a string anywhere else (tests/test_paths_of_ours.py checks it).
 
 The launcher's engine cannot be imported from here (its rank entry imports this module), so
 its three modules are named once, below, and checked to exist when this module is imported.

@@ -121,7 +121,7 @@ def _write(out: str, name: str, obj) -> None:
 
 def _die_with_parent() -> None:
     """Linux: the kernel SIGKILLs this worker when the agent that started it dies (as
-    ddp_lab.launching.child._die_with_parent, inlined: this script imports only the standard library)."""
+    ddp_lab.launching.child.die_with_parent, inlined: this script imports only the standard library)."""
     if sys.platform.startswith("linux"):
         import ctypes
 
