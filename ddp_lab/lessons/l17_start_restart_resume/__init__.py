@@ -81,10 +81,10 @@ def keys_at_start(rank) -> dict[str, bool]:
 # -- extra checks (RunResult -> list of problems) -------------------------------------------------
 
 def _within(seconds: float, rank: int = 0):
-    def check(result):
+    def problems(result):
         took = ended_after(result.ranks[rank])
         return [] if took < seconds else [f"rank {rank}'s step took {took:.1f} s, expected < {seconds:g} s"]
-    return check
+    return problems
 
 
 def _ports_differ(result):
@@ -93,10 +93,10 @@ def _ports_differ(result):
 
 
 def _gpus_out_of_range(n: int):
-    def check(result):
+    def problems(result):
         got = result.ranks[0].value["gpu_out_of_range"]
         return [] if got == n else [f"{got} ranks take a GPU their node lacks, expected {n}"]
-    return check
+    return problems
 
 
 def _every_rank_restarted(result):
@@ -119,18 +119,18 @@ def _one_build_per_round(result):
 
 def _before(*expects: Expect):
     """The earlier launches of a `Restarted` variant, each as declared."""
-    def check(result):
+    def problems(result):
         runs = result.earlier
         if len(runs) != len(expects):
             return [f"{len(runs)} earlier launches, expected {len(expects)}"]
         return [f"launch {i + 1}: {p}" for i, (e, run) in enumerate(zip(expects, runs)) for p in e.differences(run)]
-    return check
+    return problems
 
 
 def _both(*checks):
-    def check(result):
+    def problems(result):
         return [p for c in checks for p in c(result)]
-    return check
+    return problems
 
 
 # -- variants -------------------------------------------------------------------------------------
