@@ -4,7 +4,7 @@
 
 Run it after changing a lesson, then commit the executed notebook; `pytest` compares its outputs.
 """
-import sys
+import argparse
 import time
 from pathlib import Path
 
@@ -22,6 +22,16 @@ def execute(path: Path, timeout: int = 600) -> float:
     return time.time() - start
 
 
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("notebooks", nargs="+", type=Path, metavar="NOTEBOOK.ipynb")
+    args = parser.parse_args(argv)
+    for path in args.notebooks:  # all checked before any is executed: nothing half-done
+        if path.suffix != ".ipynb" or not path.is_file():
+            parser.error(f"{path}: not a notebook file (a path to an existing .ipynb)")
+    for path in args.notebooks:  # a cell that raises stops here, its notebook left as it was
+        print(f"{path}: executed in {execute(path):.1f} s", flush=True)
+
+
 if __name__ == "__main__":
-    for arg in sys.argv[1:]:
-        print(f"{arg}: executed in {execute(Path(arg)):.1f} s")
+    main()
