@@ -74,8 +74,9 @@ def step_collectives(collectives, steps, rank: int | str = "?") -> list[list | N
         raise ValueError(f"rank {rank} marked no steps: wrap each step of its loop in "
                          "`with ddp_lab.measured_step():`")
     if collectives is None:
-        raise ValueError(f"rank {rank} left no flight record: launch with a timeout (e.g. "
-                         "timeout=60) to record collectives, and do not set TORCH_FR_BUFFER_SIZE=0")
+        raise ValueError(f"rank {rank} left no flight record: it made no process group, or "
+                         "recording was off (TORCH_FR_BUFFER_SIZE or TORCH_NCCL_TRACE_BUFFER_SIZE "
+                         "set to 0; torch records 2000 collectives when neither is set)")
     world = [c for c in collectives if c.group == WORLD]
     others = [c for c in collectives if c.group != WORLD]
     oldest = min((c.seq for c in world), default=None)
