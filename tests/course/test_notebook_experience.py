@@ -1,6 +1,8 @@
 """What a learner sees in JupyterLab without running anything, and what `%%ddp` shows: the
 points of issue 16 a test can see outside a browser (tests/course/test_browser_lab.py sees the rest)."""
 
+import re
+
 import nbformat
 import pytest
 
@@ -66,3 +68,15 @@ def test_committed_outputs_hold_nothing_a_rank_wrote_to_stderr(path):
     stderr = [(i, "".join(o.get("text", ""))[:120]) for i, c in enumerate(nb.cells)
               for o in c.get("outputs", []) if o.get("name") == "stderr"]
     assert not stderr, f"{path.name}: stderr outputs in cells {stderr}"
+
+
+CORE_WORDS = 1500  # COURSE.md: the core path, everything not tagged `deeper`, about 15 minutes
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_each_core_path_stays_within_its_words(path):
+    # Words matched by \w+ in markdown not tagged `deeper` (solutions count: COURSE.md's rule).
+    cells = nbformat.read(path, as_version=4).cells
+    core = sum(len(re.findall(r"\w+", c.source)) for c in cells
+               if c.cell_type == "markdown" and "deeper" not in c.metadata.get("tags", []))
+    assert core <= CORE_WORDS, f"{path.name}: {core} words on the core path; tag second reading 'deeper'"
