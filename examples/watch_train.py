@@ -115,13 +115,16 @@ def train_step_logs_norm(model, batch, step, optimizer=None):
 
 
 def train_step_logs_norm_fixed(model, batch, step, optimizer=None):
-    """Logs the norm of the whole weight: gathered under ZeRO-3, full_tensor under FSDP2."""
+    """Logs the norm of the whole weight: gathered under ZeRO-3, full_tensor under FSDP2 (a
+    DTensor's own norm is _NormPartial: `.item()` gives this rank's shard's norm, measured)."""
     logged = {"loss": train_step_fixed(model, batch, step, optimizer)}
     weight = getattr(model, "module", model).out.weight
     if hasattr(weight, "ds_status"):
         import deepspeed
         with deepspeed.zero.GatheredParameters([weight]):
             logged["out_norm"] = weight.norm().item()
+    elif hasattr(weight, "full_tensor"):
+        logged["out_norm"] = weight.full_tensor().norm().item()
     else:
         logged["out_norm"] = weight.norm().item()
     return logged

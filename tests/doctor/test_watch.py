@@ -5,6 +5,7 @@ import argparse
 from pathlib import Path
 
 import pytest
+import torch
 
 from ddp_lab.doctor.loader import load_file
 from ddp_lab.doctor.watch import WatchInputError, watch
@@ -89,6 +90,10 @@ def test_4_a_dtensor_read_outside_forward_under_fsdp2_is_a_note_with_its_line():
     f = _one(report, "sharded-read-outside-forward")
     assert f.severity == "info" and "out.weight, rank 0, step 0: a DTensor" in f.evidence[0]
     assert "train_step_logs_norm" in f.evidence[0] and report.errors == []
+    # The fix reads the whole weight (full_tensor): no finding. A DTensor's own norm would not do:
+    # it is _NormPartial, and .item() gives this rank's shard's norm.
+    fixed = watch(ex.train_step_logs_norm_fixed, ex.seeded_net, ex.batches, strategy="fsdp2")
+    assert fixed.findings == [] and fixed.status == "ok", fixed.text()
 
 
 def test_5_a_checkpoint_saved_through_ddp_does_not_reload(broken):
@@ -131,6 +136,25 @@ def _returns_nothing(model, batch, step):
 def test_a_step_that_returns_nothing_is_refused():
     with pytest.raises(WatchInputError, match="rank 0: train_step returned None at step 0"):
         watch(_returns_nothing, ex.Net, ex.batches, steps=1)
+    with pytest.raises(WatchInputError, match="rank 0: evaluate returned None at step 1"):
+        watch(ex.train_step_fixed, ex.Net, ex.batches, steps=1, evaluate=lambda model, batch: None)
+
+
+def _logs_lr(model, batch, step, optimizer=None):
+    ex.train_step_fixed(model, batch, step, optimizer)
+    return {"lr": 0.05}  # not the loss: nothing to compare with the all-rank loss
+
+
+def _saves_with_the_step(model, path):
+    import torch.distributed as dist
+
+    if dist.get_rank() == 0:
+        torch.save({"state_dict": model.module.state_dict(), "step": 3}, path)
+
+
+def test_a_returned_value_that_is_not_the_loss_and_a_checkpoint_of_parts_are_fine():
+    report = watch(_logs_lr, ex.seeded_net, ex.batches, steps=2, save=_saves_with_the_step)
+    assert report.findings == [] and report.status == "ok", report.text()
 
 
 def test_cli_takes_the_step_the_model_and_the_strategy():

@@ -67,16 +67,17 @@ def random_findings(recs: list[dict], strategy: str) -> list[Finding]:
 
 
 def logged_findings(recs: list[dict]) -> list[Finding]:
-    """Check 6: a value the step returns (what it logs) equals its value over all ranks' data:
-    the mean over ranks of the loss each rank's backward ran from."""
+    """Check 6: the loss the step returns (a bare number, or a dict's "loss") equals its value
+    over all ranks' data: the mean over ranks of the loss each rank's backward ran from. Other
+    names are not compared (a learning rate or a norm is not that mean)."""
     per_rank = [steps_of(r) for r in recs]
     for step in range(min(map(len, per_rank), default=0)):
         rows = [s[step] for s in per_rank]
-        if not all(r.get("losses") and "logged" in r for r in rows):
+        if not all(r.get("losses") and "loss" in r.get("logged", {}) for r in rows):
             continue
         local = [r["losses"][0] for r in rows]
         everyone = sum(local) / len(local)
-        name = "loss" if "loss" in rows[0]["logged"] else next(iter(rows[0]["logged"]))
+        name = "loss"
         off = [(rank, r["logged"].get(name)) for rank, r in enumerate(rows)
                if r["logged"].get(name) is not None
                and abs(r["logged"][name] - everyone) > TOLERANCE * max(1.0, abs(everyone))]

@@ -40,13 +40,14 @@ def wrap(model, strategy: str, make_optimizer):
     return engine, opt
 
 
-def logged(value, step: int) -> dict[str, float]:
-    """What the step returned, as {name: number}; a WatchInputError when it is nothing."""
+def logged(value, step: int, by: str = "train_step") -> dict[str, float]:
+    """What the step (or `by`, e.g. evaluate) returned, as {name: number}; a WatchInputError
+    when it is nothing."""
     import torch
 
     if value is None:
         raise WatchInputError(
-            f"train_step returned None at step {step}: return what you log (the loss as a "
+            f"{by} returned None at step {step}: return what you log (the loss as a "
             "float or a 0-dim tensor, or a dict like {'loss': loss}) so that watch can compare "
             "it with the value over all ranks' data")
     items = value.items() if isinstance(value, dict) else [("loss", value)]
@@ -55,7 +56,7 @@ def logged(value, step: int) -> dict[str, float]:
         if isinstance(v, torch.Tensor) and v.numel() == 1:
             v = v.item()
         if not isinstance(v, (int, float)) or isinstance(v, bool):
-            raise WatchInputError(f"train_step returned {type(v).__name__} for {name!r} at step "
+            raise WatchInputError(f"{by} returned {type(v).__name__} for {name!r} at step "
                                   f"{step}: return numbers (floats or 0-dim tensors)")
         out[str(name)] = float(v)
     return out
@@ -94,6 +95,10 @@ def full_state(model, strategy: str) -> dict:
             for k, v in model.state_dict().items()}
 
 
+# Where a checkpoint of several parts keeps the model's weights, as training scripts name it.
+WEIGHTS_UNDER = ("model", "state_dict", "model_state_dict", "model_state", "module")
+
+
 def reload_check(factory, path: str, full: dict) -> dict:
     """Load what the user's save wrote into a fresh plain module: PyTorch's error, or the first
     tensor whose value differs from the trained model's."""
@@ -104,8 +109,10 @@ def reload_check(factory, path: str, full: dict) -> dict:
     if not os.path.exists(path):
         return {"error": f"save() wrote nothing at the path it was given ({os.path.basename(path)})"}
     state = torch.load(path, map_location="cpu", weights_only=False)
-    if isinstance(state, dict) and isinstance(state.get("model"), dict):
-        state = state["model"]
+    for key in WEIGHTS_UNDER:  # a checkpoint that holds more than the weights
+        if isinstance(state, dict) and isinstance(state.get(key), dict):
+            state = state[key]
+            break
     plain = factory()
     try:
         plain.load_state_dict(state)
@@ -138,7 +145,7 @@ def body(step_fn, factory, batches, strategy: str, steps: int, save=None, path: 
         rec = one_step(step_fn, wrapped, model, batch, step, kwargs, strategy)
         seconds.append((rec["step_s"], rec["checks_s"]))
     if evaluate is not None:
-        emit("evaluate", logged(evaluate(wrapped, move(batches(rank, steps), dev)), steps))
+        emit("evaluate", logged(evaluate(wrapped, move(batches(rank, steps), dev)), steps, "evaluate"))
     if save is not None:
         save(wrapped, path)
         full = full_state(model, strategy)
