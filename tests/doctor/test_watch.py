@@ -52,6 +52,23 @@ def test_1_state_differing_after_a_step_is_named(broken):
     assert f.evidence[0].startswith("first: buffer input_mean")
 
 
+def _edits_a_weight_on_rank_0(model, batch, step, optimizer=None):
+    import torch.distributed as dist
+
+    loss = ex.train_step_fixed(model, batch, step, optimizer)
+    if dist.get_rank() == 0:  # e.g. a clamp or a re-init "only where we log"
+        with torch.no_grad():
+            model.module.out.weight.clamp_(-0.01, 0.01)
+    return loss
+
+
+def test_1_a_parameter_one_rank_edits_after_the_step_is_an_error():
+    report = watch(_edits_a_weight_on_rank_0, ex.seeded_net, ex.batches, steps=2)
+    f = _one(report, "parameters-differ-after-step")
+    assert f.severity == "error" and "after step 0" in f.title, report.text()
+    assert "out.weight" in f.evidence[0] and "optimizer's step" in f.fix
+
+
 def test_2_dropout_from_equal_generators_is_found(broken):
     f = _one(broken, "dropout-masks-identical-across-ranks")
     assert f.evidence[0] == "identical masks on all 2 ranks: drop"

@@ -30,8 +30,12 @@ def state_findings(recs: list[dict]) -> list[Finding]:
                 + ([f"also: {', '.join(differ[1:6])}"] if len(differ) > 1 else [])
                 + ["a checkpoint saved by rank 0 now holds rank 0's values only; the ranks train "
                    "different models from here"],
-                fix="update state from all ranks' data (all_reduce the statistic before writing "
-                    "it into the buffer, or SyncBatchNorm), or recompute it identically on every rank",
+                fix=("update state from all ranks' data (all_reduce the statistic before writing "
+                     "it into the buffer, or SyncBatchNorm), or recompute it identically on every rank"
+                     if kind == "buffers" else
+                     "change parameters only through the optimizer's step on all-reduced gradients, "
+                     "or identically on every rank (an edit one rank makes, e.g. under "
+                     "`if rank == 0`, must be made by all, or broadcast from it)"),
                 strategies=("ddp",) if kind == "parameters" else ())]
     return []
 
