@@ -69,14 +69,6 @@ def test_the_three_files_take_torch_from_the_cpu_index():
         assert CPU_INDEX in lines, path
 
 
-def test_ci_checks_the_newest_torch_too():
-    # issue 26: the tour and strict nbval on the newest torch (the CUDA build), in its own venv,
-    # after the pinned build's suite
-    ci = (ROOT / ".ci/run").read_text()
-    check = ".venv/bin/python tools/upgrade_check.py --torch 2.14.1"
-    assert check in ci and ci.index(".venv/bin/python -m pytest") < ci.index(check)
-
-
 def test_ci_installs_chromium_and_requires_the_browser_tests():
     ci = (ROOT / ".ci/run").read_text()
     assert "apt-get install -y -qq chromium" in ci and "DDP_LAB_REQUIRE_BROWSER=1" in ci
