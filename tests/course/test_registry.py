@@ -10,7 +10,8 @@ ALL = [(s, v) for lesson in lessons().values() for s in lesson.scenarios for v i
 
 
 @pytest.mark.parametrize("scenario, which", ALL, ids=[f"{s.key}-{v}" for s, v in ALL])
-def test_scenario_is_as_declared(scenario, which):
+def test_scenario_is_as_declared(scenario, which, no_leftovers):
+    # Every variant of every lesson leaves no process behind (no_leftovers), killed ranks included.
     result = scenario_run(scenario, which)
     scenario.assert_declared(which, result)
     if which == "fixed":
