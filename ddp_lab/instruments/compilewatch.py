@@ -22,7 +22,6 @@ from ..launching import frames, launcher
 
 GRAPH_BREAKS = "torch._dynamo.symbolic_convert.__graph_breaks"
 RECOMPILES = "torch._dynamo.guards.__recompiles"
-_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
 _LIBRARY = ("/torch/", "/contextlib.py", "/functools.py", "<frozen") + tuple(
     "/" + place for place in (*frames.ENGINE, frames.place(launcher), frames.place(__file__)))
 
@@ -62,14 +61,14 @@ def user_frame(text: str, own: tuple[str, ...] = ()) -> tuple[str, str]:
     break inside DDP's forward is DDP's, not the training loop's that called it."""
     import linecache
 
-    frames = list(_FRAME.finditer(text))
-    entered = [i for i, m in enumerate(frames) if "/torch/_dynamo/" in m.group(1).replace("\\", "/")]
-    frames = frames[entered[-1] + 1:] if entered else frames  # inside the compiled call only
-    frames = [m for m in frames
-              if not any(s in m.group(1).replace("\\", "/") for s in _LIBRARY + own)]
-    if not frames:
+    found = list(frames.FRAME.finditer(text))
+    entered = [i for i, m in enumerate(found) if "/torch/_dynamo/" in m.group(1).replace("\\", "/")]
+    found = found[entered[-1] + 1:] if entered else found  # inside the compiled call only
+    found = [m for m in found
+             if not any(s in m.group(1).replace("\\", "/") for s in _LIBRARY + own)]
+    if not found:
         return "", ""
-    path, line, fn = frames[-1].groups()
+    path, line, fn = found[-1].groups()
     return f"{path}:{line} in {fn}", linecache.getline(path, int(line)).strip()
 
 
