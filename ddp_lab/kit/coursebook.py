@@ -50,7 +50,9 @@ class LessonNotebook:
         return [c for c in self.nb.cells if not {"deeper", "solution"} & set(tags(c))]
 
     def core_words(self) -> int:
-        """Words (matched by \\w+) of the markdown on the core path, as COURSE.md counts them."""
+        """Words (matched by \\w+) of the markdown a student reads in class: the core path less
+        the solutions. COURSE.md's 1,500-word bound counts the solutions too
+        (tests/course/test_notebook_experience.py holds every notebook to it)."""
         return sum(len(re.findall(r"\w+", c.source)) for c in self.core_cells() if c.cell_type == "markdown")
 
     def reading_minutes(self) -> float:
