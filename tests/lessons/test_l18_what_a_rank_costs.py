@@ -82,6 +82,23 @@ def test_the_logged_all_reduce_and_the_unused_parameter_search_each_add_one(runs
         assert l18.steady(r.collectives_per_step()) == [1, 2, 1, 1, 1, 2]  # a log every 4th
 
 
+def test_the_timing_run_times_the_two_loops_the_scenario_counts(runs):
+    # The figure's ratio comes from this run: both loops, in alternating blocks of 8 steps, are
+    # the ones the scenario counts (3 collectives a step; 1 a step and a log every 4th). The
+    # ratio itself is a time: shown, not asserted.
+    timed = l18.UNASKED_TIMING.run()
+    assert timed.ok, timed.describe_failure()
+    for r in timed.ranks:
+        v = r.value
+        assert v["collectives_per_block"] == {"broken": [24], "fixed": [10]}
+        assert v["broken_s"] > 0 and v["fixed_s"] > 0 and v["ratio"] == v["broken_s"] / v["fixed_s"]
+    results = {"unasked_collectives": {"broken": runs("unasked_collectives", "broken"),
+                                       "fixed": runs("unasked_collectives", "fixed"), "timed": timed},
+               "small_buckets": {w: runs("small_buckets", w) for w in ("broken", "fixed")}}
+    title = l18.figures(results)["collectives_per_step"].axes[0].get_title()
+    assert "step time, broken / fixed: rank 0 ×" in title and "one run" in title
+
+
 def test_small_buckets_make_many_all_reduces_and_bucket_views_save_a_gradient_copy(runs):
     broken, fixed = runs("small_buckets", "broken"), runs("small_buckets", "fixed")
     b, f = broken.values[0], fixed.values[0]

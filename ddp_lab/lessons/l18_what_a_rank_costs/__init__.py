@@ -15,7 +15,7 @@ from .figures import figures
 from .modules import FeatureGains, Net
 from .runs import (evaluate_metric, gathered_mse, graph_nodes, live_tensors, new_saved_bytes,
                    reduced_mse, train_with_history)
-from .runs_collectives import settled_rss_mb, train_gains, train_logged
+from .runs_collectives import settled_rss_mb, time_logged, train_gains, train_logged
 from .runs_threads import compare_threads, cores, fair_share, train_threads
 from .runs_workers import RowsAsArray, RowsAsObjects, load_epoch
 
@@ -23,8 +23,8 @@ __all__ = ["LESSON", "GATHER_MB", "SMALL_BUCKET_MB", "UNCAPPED", "compare_thread
            "evaluate_metric", "fair_share", "FeatureGains", "figures", "gathered_mse",
            "graph_nodes", "live_tensors", "load_epoch", "Net", "new_saved_bytes", "reduced_mse",
            "RowsAsArray", "RowsAsObjects", "rss_growth_per_step", "settled_rss_mb", "slowdown",
-           "SLOWER", "steady",
-           "train_gains", "train_logged", "train_threads", "train_with_history", "worker_growth_mb"]
+           "SLOWER", "steady", "time_logged", "train_gains", "train_logged", "train_threads",
+           "train_with_history", "UNASKED_TIMING", "worker_growth_mb"]
 
 GATHER_MB = 16  # MiB of predictions (and as many of targets) per rank per step
 SMALL_BUCKET_MB = 0.25
@@ -47,6 +47,13 @@ def slowdown(*runs) -> float:
     """Seconds per step at every core over seconds per step at the fair share, the median over
     every rank of `runs` (each rank measured both in alternating blocks, in one run)."""
     return median(r.value["slowdown"] for run in runs for r in run.ranks)
+
+
+# What scenario 5's collectives cost a step, on this machine: both loops timed in one run
+# (time_logged). Shown in the figure only, never asserted: a time, and it varies (1.54 to 1.72
+# per rank over 3 runs at load average 2.7 on the 2-core machine). Its collectives per block of
+# 8 steps are the counts the scenario asserts: 24 (3 a step) broken, 10 (8 + 2 logs) fixed.
+UNASKED_TIMING = Variant(time_logged, Expect("ok"), timeout=120)
 
 
 def steady(counts: list, skip: int = 2) -> list:
