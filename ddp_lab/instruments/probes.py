@@ -111,13 +111,13 @@ def measured_step():
     from ..launching import child as _rank
 
     peak_before, exact = _high_water_mb(), _reset_high_water()
-    seq_start, rss_start, start = _world_seq(), current_rss_mb(), time.time()
+    seq_start, rss_start, start = world_seq(), current_rss_mb(), time.time()
     try:
         yield
     finally:
         step = {"start": start, "end": time.time(), "rss_start_mb": rss_start,
                 "rss_mb": current_rss_mb(), "peak_mb": _high_water_mb() if exact else peak_rss_mb(),
-                "seq_start": seq_start, "seq_end": _world_seq(), "children": children_memory()}
+                "seq_start": seq_start, "seq_end": world_seq(), "children": children_memory()}
         _rank.record_step(step, peak_before)
 
 
@@ -144,7 +144,7 @@ def _reset_high_water() -> bool:
         return False
 
 
-def _world_seq() -> int | None:
+def world_seq() -> int | None:
     """How many collectives the world group has entered: the number the flight recorder gives
     the last one (`collective_seq_id`; gloo and NCCL, torch 2.13). None without a group."""
     try:

@@ -15,7 +15,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ...instruments.probes import _world_seq, current_rss_mb, measured_step
+from ...instruments.probes import current_rss_mb, measured_step, world_seq
 from ...launching.rankinfo import ddp_kwargs, device, rank_info
 from .modules import WIDTH, FeatureGains, Net
 
@@ -63,7 +63,7 @@ def time_logged(rounds: int = 21, block: int = 8, log_every: int = 4) -> dict:
     for r in range(rounds + 1):
         for name, (model, opt, log_every) in loops.items():
             dist.barrier()
-            seq, start = _world_seq(), time.perf_counter()
+            seq, start = world_seq(), time.perf_counter()
             for step in range(block):
                 loss = F.mse_loss(model(x), x[:, :1])
                 opt.zero_grad()
@@ -76,7 +76,7 @@ def time_logged(rounds: int = 21, block: int = 8, log_every: int = 4) -> dict:
             if r:  # the first round warms both up (DDP rebuilds its buckets at its second step)
                 seconds[name].append((time.perf_counter() - start) / block)
                 if seq is not None:
-                    collectives[name].append(_world_seq() - seq)
+                    collectives[name].append(world_seq() - seq)
     medians = {k: statistics.median(v) for k, v in seconds.items()}
     return {"broken_s": medians["broken"], "fixed_s": medians["fixed"],
             "ratio": medians["broken"] / medians["fixed"],
