@@ -46,6 +46,19 @@ def no_leftovers():
     assert not extra, "processes left behind: " + "; ".join(_described(p) for p in sorted(extra))
 
 
+@pytest.fixture
+def sigint_raises():
+    """SIGINT raises KeyboardInterrupt in this process for the test: what Jupyter's stop button
+    and Ctrl-C rely on. A shell starts a background job with SIGINT ignored (`cmd &` without job
+    control, nohup), and Python then keeps it ignored: a CI runner that starts pytest that way
+    would see no interrupt at all, as a clean-clone run started with `( .ci/run & )` did."""
+    import signal
+
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
 @pytest.fixture(scope="session")
 def browser():
     """One headless Chromium for every browser test of the session (tests/chromium.py); the

@@ -82,7 +82,7 @@ else:
 """
 
 
-def test_the_stop_button_during_a_launch_shows_the_ranks_output_stacks_and_one_line(tmp_path, capsys):
+def test_the_stop_button_during_a_launch_shows_the_ranks_output_stacks_and_one_line(tmp_path, capsys, sigint_raises):
     # What Jupyter's stop button does: SIGINT to the kernel's process, here this one, while a
     # %%ddp cell's ranks are running (rank 0 in all_reduce, rank 1 asleep).
     import os

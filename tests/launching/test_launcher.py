@@ -189,7 +189,7 @@ def test_an_argument_named_like_an_option_is_bound_with_partial():
     assert launch(functools.partial(fn, timeout=3, label="x"), timeout=30).values == [(3, "x")] * 2
 
 
-def test_keyboard_interrupt_in_the_parent_leaves_nothing_behind_and_next_launch_works():
+def test_keyboard_interrupt_in_the_parent_leaves_nothing_behind_and_next_launch_works(sigint_raises):
     def interrupt():
         time.sleep(1.0)
         import _thread
