@@ -1,4 +1,5 @@
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -52,8 +53,6 @@ def sigint_raises():
     and Ctrl-C rely on. A shell starts a background job with SIGINT ignored (`cmd &` without job
     control, nohup), and Python then keeps it ignored: a CI runner that starts pytest that way
     would see no interrupt at all, as a clean-clone run started with `( .ci/run & )` did."""
-    import signal
-
     before = signal.signal(signal.SIGINT, signal.default_int_handler)
     yield
     signal.signal(signal.SIGINT, before)
@@ -148,8 +147,6 @@ class KernelPass:
         return self.proc.returncode, self.log.read()
 
     def stop(self) -> None:
-        import signal
-
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)  # its kernels and ranks with it
             self.proc.wait()

@@ -16,7 +16,7 @@ kills the process groups of the children it still has. Once an import has initia
 it (on a CUDA build of torch, `torch.cuda.is_available()` at import time is enough), every rank
 forked after that would be unable to use CUDA: the server says {"poisoned": ...}, refuses every
 later spawn, preloads nothing more, and exits when the ranks it already forked (before the
-import, so unharmed) have exited. Its client starts a new server without that module (`_procs`).
+import, so unharmed) have exited. Its client starts a new server without that module (`processes`).
 """
 from __future__ import annotations
 
