@@ -122,6 +122,38 @@ class Expect:
 
 
 @dataclass(frozen=True)
+class Measured:
+    """How often a variant's declared outcome held on one torch release where it does not hold
+    every time: in `held` of `runs` runs, counted by `command`. Only such a measurement lets the
+    upgrade check (tools/upgrade_check.py) set a miss of that declaration aside, in a bucket of its
+    own ("known nondeterministic on this build"); on any other release, and for any variant
+    without one, a miss fails as before. `torch` is a release, "2.14.1", or a series, "2.14"."""
+
+    torch: str
+    held: int
+    runs: int
+    command: str
+
+    def __post_init__(self):
+        if not re.fullmatch(r"\d+\.\d+(\.\d+)?", self.torch):
+            raise ValueError(f"Measured.torch is a release such as '2.14.1' or '2.14', got {self.torch!r}")
+        if not 0 < self.held < self.runs:
+            raise ValueError(f"Measured: held {self.held} of {self.runs} runs is not a rate between "
+                             "0 and 1 (a declaration that always holds needs none; one that never "
+                             "holds is wrong)")
+        if not self.command.strip():
+            raise ValueError("Measured.command: say how the rate was counted, so it can be counted again")
+
+    def applies_to(self, version: str) -> bool:
+        """Whether `version` (torch.__version__, local tag and all) is this release or series."""
+        release = version.split("+")[0]
+        return release == self.torch or release.startswith(self.torch + ".")
+
+    def describe(self) -> str:
+        return f"holds in {self.held} of {self.runs} runs on torch {self.torch} ({self.command})"
+
+
+@dataclass(frozen=True)
 class Variant:
     """One way to run a scenario: a per-rank function, its keyword arguments, launch options,
     and the declared outcome."""
@@ -135,6 +167,12 @@ class Variant:
     init_process_group: bool = True
     grace: float = 5.0
     start_method: str = "auto"
+    # where the declared outcome holds only some of the time on a torch release (see Measured)
+    measured: tuple[Measured, ...] = ()
+
+    def measured_on(self, version: str) -> Measured | None:
+        """This variant's measured rate on torch `version`, if one is declared."""
+        return next((m for m in self.measured if m.applies_to(version)), None)
 
     def assert_declared(self, result: RunResult) -> RunResult:
         """Raise AssertionError unless `result` has this variant's declared outcome."""
