@@ -12,7 +12,13 @@ from .frames import HOME
 
 _ADDRESS = re.compile(r"\[?(?:\d{1,3}\.){3}\d{1,3}\]?:\d+|\[?localhost\]?:\d+")
 _HEX = re.compile(r"0x[0-9a-fA-F]{6,}")
-_PATH = re.compile(r"(?:/[^\s\"',:()\[\]]+)+/((?:torch|ddp_lab|third_party)/[^\s\"',:()\[\]]*)")
+# A path to torch's, the course's or a C++ library's file -> the path from that folder on. The part
+# before may be absolute or relative: torch's own shortening (torch/utils/_traceback.py:133
+# shorten_filename, which dynamo's guard comments use, torch/_dynamo/guards.py:811) cuts a path
+# at the folder it shares with torch's install, so the course's files print as
+# "ork/main/ddp_lab/..." with the venv outside the checkout ("/" shared: it drops one letter
+# more) or "ddp_lab/..." with the venv inside it.
+_PATH = re.compile(r"[^\s\"',:()\[\]]*/((?:torch|ddp_lab|third_party)/[^\s\"',:()\[\]]*)")
 _PACKAGES = re.compile(r"(?:/[^\s\"',:()\[\]]+)*/(?:site|dist)-packages/")  # .../site-packages/x -> x
 _PID = re.compile(r"\b(pid|PID|process)[ =:]+\d+")
 # c10d's own wordings of a port: "port: 35731, useIpv6" (a server that cannot listen) and

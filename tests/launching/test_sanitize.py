@@ -68,3 +68,39 @@ def test_c10d_ports_are_blanked_the_host_kept():
     assert sanitize(text) == ("The server socket has failed to listen on any local network address. "
                               "port: <port>, useIpv6: false; trying to connect to (192.0.2.1, <port>). "
                               "shapes (4, 3) of rank (0, 1)")
+
+
+def test_a_course_file_that_torch_shortened_is_named_from_the_course_on():
+    """Dynamo's guard comments name a frame with torch's `shorten_filename`
+    (torch/utils/_traceback.py:133), which cuts the path at the folder the file shares with
+    torch's install: where the venv lives decides what is left (issue 38, point 2). Whatever it
+    left, the printed path is the course-relative one."""
+    from torch.utils._traceback import shorten_filename
+
+    from ddp_lab.launching.frames import place
+    from ddp_lab.lessons.l15_compile import modules
+
+    course = place(modules)
+    cut = {}
+    for checkout, venv in (("/work/main", "/work/main/.venv"),  # the venv inside the checkout
+                           ("/work/main", "/opt/venv"),  # only "/" shared
+                           ("/tmp/l15clone", "/work/main/.venv"),
+                           ("/home/u/ddp-lab", "/home/u/.venv")):
+        torch_dir = f"{venv}/lib/python3.11/site-packages/torch"
+        short = shorten_filename(f"{checkout}/{course}", base=torch_dir)
+        cut[checkout, venv] = short
+        guard = (f"- self._modules['gate'].calls == 0    # self.calls += 1  # {short}:40 in forward"
+                 " (HINT: torch.compile considers integer attributes)")
+        assert sanitize(guard) == (f"- self._modules['gate'].calls == 0    # self.calls += 1  "
+                                   f"# {course}:40 in forward (HINT: torch.compile considers "
+                                   "integer attributes)")
+    # what torch really prints in these places: the test covers the cuts the issue saw
+    assert cut["/work/main", "/work/main/.venv"] == course
+    assert cut["/work/main", "/opt/venv"] == f"ork/main/{course}"
+    assert cut["/tmp/l15clone", "/work/main/.venv"] == f"mp/l15clone/{course}"
+    assert cut["/home/u/ddp-lab", "/home/u/.venv"] == f"ddp-lab/{course}"
+
+
+def test_relative_paths_that_are_not_cut_from_a_file_of_ours_stay():
+    text = "nn/modules/module.py:1773 in _call_impl; and/or tensor/shape; ddp_lab_x/y"
+    assert sanitize(text) == "nn/modules/module.py:1773 in _call_impl; and/or tensor/shape; ddp_lab_x/y"
