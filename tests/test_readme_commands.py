@@ -1,10 +1,12 @@
-"""Every command the README shows runs as shown (from the repository's root, where the README
-runs them). The commands are read from the README itself: each line of a code block that starts
-with `ddp-lab`, `.venv/bin/...` or `python3 -m venv`, and every inline `ddp-lab doctor examples/...`.
+"""Every command the README and its docs/ pages show runs as shown (from the repository's root,
+where they run them). The commands are read from the pages themselves: each line of a code block
+that starts with `ddp-lab`, `.venv/bin/...` or `python3 -m venv`, and every inline
+`ddp-lab doctor examples/...`.
 Each is either run here, in this process (the doctor's examples, on the files in `examples/`,
 with the output lines the README prints under them), or named below with the test that already
 runs it, or a synopsis with placeholders. A command added to the README that is none of these
-fails `test_every_readme_command_is_run_somewhere`."""
+fails `test_every_readme_command_is_run_somewhere`. The README stays a newcomer's start (at
+most 200 lines), and every relative link of the README and docs/ resolves, anchors included."""
 import re
 import shlex
 
@@ -12,8 +14,10 @@ import pytest
 
 from conftest import REPO as ROOT
 from ddp_lab.cli import main
+from ddp_lab.kit.docpages import docs_of, resolve, slug
 
-README = (ROOT / "README.md").read_text()
+DOCS = docs_of(ROOT)  # README.md, then docs/*.md
+README = "\n".join(d.text for d in DOCS)  # the commands may sit on any of the pages
 PLACEHOLDER = re.compile(r"\[|path/to/|\bOUT\b|\.\.\.")
 
 # command -> (the test file that runs it, a fragment of that file which is the run)
@@ -26,10 +30,16 @@ ELSEWHERE = {
         ("tests/test_cli.py", '"-m", "ddp_lab", "run", "00", "source_example", "--variant", "fixed"'),
     "ddp-lab list": ("tests/test_cli.py", 'main(["list"])'),
     "ddp-lab check": ("tests/kit/test_preflight.py", 'main(["check"])'),
+    # JupyterLab started from the environment's Python, a lesson opened and run in it
+    ".venv/bin/jupyter lab notebooks/": ("tests/course/test_browser_lab.py", '"-m", "jupyterlab"'),
+    "ddp-lab watch examples/watch_train.py:train_step --model examples/watch_train.py:Net --save save "
+    "--evaluate evaluate": ("tests/doctor/test_watch.py", '"examples/watch_train.py:Net", "--save", "save", '
+                            '"--evaluate", "evaluate"'),
 }
 SYNOPSES_RUN_AS = {  # a synopsis line -> where its plain form runs
     "ddp-lab run": ("tests/test_cli.py", 'main(["run", "00", "rank_exits"])'),
     "ddp-lab tour": ("tests/test_cli.py", 'main(["tour", "--lesson", "00"'),
+    "ddp-lab build-ops": (".ci/run", ".venv/bin/ddp-lab build-ops"),
     "ddp-lab doctor": ("tests/test_readme_commands.py", "def test_the_doctor_examples_run_as_shown"),
     "ddp-lab watch": ("tests/doctor/test_watch.py", "def test_cli_runs_the_readme_example"),
     "ddp-lab workshop build": ("tests/kit/test_workshop.py", 'main(["workshop", "build"'),
@@ -102,3 +112,31 @@ def test_the_doctor_examples_run_as_shown(command, shown, monkeypatch, capsys):
         assert "ERROR" not in out, out
     if "ten_layers" in command:  # nothing wrong with it
         assert "ERROR" not in out and "WARNING" not in out, out
+
+
+def test_the_readme_is_a_newcomer_s_start():
+    """What it is, the two commands, the lessons, where to go next: the rest lives in docs/."""
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 200, len(readme.splitlines())
+    for page in sorted((ROOT / "docs").glob("*.md")):
+        assert f"](docs/{page.name})" in readme, f"the README does not link docs/{page.name}"
+
+
+def _anchors(path) -> set[str]:
+    text = re.sub(r"```.*?```", "", path.read_text(), flags=re.S)  # a '# comment' in a block is no heading
+    return {slug(h) for h in re.findall(r"^#{1,6} (.+)$", text, re.M)}
+
+
+def test_every_relative_link_of_the_readme_and_docs_resolves():
+    checked = 0
+    for doc in DOCS:
+        text = re.sub(r"```.*?```", "", doc.text, flags=re.S)
+        for href in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"[a-z][a-z0-9+.-]*:", href):
+                continue  # https://..., an address outside the repository
+            path, anchor = resolve(doc.repo_path, href)
+            assert (ROOT / path).exists(), f"{doc.repo_path} links {href}: no {path}"
+            if anchor and path.endswith(".md"):
+                assert anchor[1:] in _anchors(ROOT / path), f"{doc.repo_path} links {href}: no such heading"
+            checked += 1
+    assert checked > 20, checked  # the lesson table alone has 19
