@@ -14,6 +14,7 @@ import torch
 from ddp_lab import launch
 from ddp_lab.launching import divergence
 from ddp_lab.lessons import l15_compile as l15
+from ddp_lab.lessons.l15_compile.figures import PANELS
 from ddp_lab.lessons.l15_compile import modules as _modules
 from ddp_lab.course.registry import get_lesson
 
@@ -139,6 +140,16 @@ def test_figure_shows_every_rank_per_panel(runs):
                for name in ("recompile_every_step", "ranks_compile_different_graphs")}
     fig = LESSON.figures(results)["compile_and_step_time"]
     assert len(fig.axes) == 4
-    for ax in fig.axes:
+    panels = [results[name][which] for name, which, _ in PANELS]
+    for ax, result in zip(fig.axes, panels):
         assert ax.get_xlabel() == "training step" and ax.get_ylabel() and ax.get_title()
-        assert len(ax.get_lines()) == 7  # per rank: compiled step, compiling, eager; the floor
+        assert len(ax.get_lines()) == 6  # per rank: compiled step, compiling, eager
+        # a cross means "compiled in this step" (issue 38, point 12): one per step that compiled,
+        # at its compile seconds, none where the rank compiled nothing
+        crosses = [line for line in ax.get_lines() if line.get_marker() == "x"]
+        for line, r in zip(crosses, result.ranks):
+            done = {step: s for step, s in enumerate(r.value["compile_s"]) if s > 0}
+            assert dict(zip(line.get_xdata(), line.get_ydata())) == done
+    ragged = results["ranks_compile_different_graphs"]["broken"]
+    assert list(fig.axes[2].get_lines()[1].get_xdata()) == [0]  # rank 0 compiled once, at step 0
+    assert ragged.values[1]["compile_s"][1] > 0  # when rank 1 compiled again

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from ...course.plots import BROKEN, FIXED, figure, rank_colour
 
-FLOOR = 1e-4  # seconds: where a step that compiled nothing sits on the log axis
 PANELS = (("recompile_every_step", "broken", "int counter (WarmupGate)"),
           ("recompile_every_step", "fixed", "tensor counter (WarmupGateFixed)"),
           ("ranks_compile_different_graphs", "broken", "rank 1's batches: lengths 6, 8, ..."),
@@ -16,23 +15,21 @@ PANELS = (("recompile_every_step", "broken", "int counter (WarmupGate)"),
 
 
 def draw_steps(ax, result, title: str, colour: str) -> None:
-    """Per rank: compiled step seconds (line), seconds compiling in it (crosses; on the floor
-    line when it compiled nothing), the eager step (dashed). A rank that compiled nothing in a
-    step where another rank compiled is marked: it waited."""
+    """Per rank: compiled step seconds (line), seconds compiling in it (a cross, only on the
+    steps that compiled something: no cross, nothing compiled), the eager step (dashed). A rank
+    that compiled nothing in a step where another rank compiled is marked: it waited."""
     from matplotlib.ticker import MaxNLocator
 
     for r in result.ranks:
         v, c = r.value, rank_colour(r.rank)
         steps = range(len(v["step_s"]))
         ax.plot(steps, v["step_s"], marker="o", ms=4, color=c, label=f"rank {r.rank}: compiled step")
-        ax.plot(steps, [max(s, FLOOR) for s in v["compile_s"]], "x", ms=7, mew=2, color=c,
+        compiled = [(step, s) for step, s in zip(steps, v["compile_s"]) if s > 0]
+        ax.plot([step for step, _ in compiled], [s for _, s in compiled], "x", ms=7, mew=2, color=c,
                 label=f"rank {r.rank}: compiling, in that step")
         ax.plot(steps, v["eager_s"], "--", lw=1, color=c, alpha=0.6, label=f"rank {r.rank}: eager step")
-    ax.axhline(FLOOR, color="grey", lw=0.8, ls=":")
-    ax.text(0, FLOOR * 1.3, "compiled nothing", fontsize=7, color="grey")
     _mark_waits(ax, result)
     ax.set_yscale("log")
-    ax.set_ylim(FLOOR / 2, None)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("training step")
     ax.set_ylabel("seconds (log)")
