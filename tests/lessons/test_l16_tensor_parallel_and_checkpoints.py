@@ -54,6 +54,56 @@ def test_a_rank_holds_half_of_qs_features_and_splits_them_into_all_heads(runs):
     assert broken.values[0] == broken.values[1]  # every rank computes the same wrong output
 
 
+def test_a_colwise_rowwise_pair_all_reduces_once_forward_and_once_backward(runs):
+    """The forward and the backward of the split block are the two steps `compare` marks; the
+    flight recorder's collectives of each. The backward's all-reduces are the input's gradient,
+    Partial on every rank, made whole by from_local's backward (torch/distributed/tensor/
+    _api.py:239-283 in 2.13): one per colwise layer that reads the input."""
+    def passes(name, which):
+        run = runs(name, which)
+        counted = {tuple(r.collectives_per_step()) for r in run.ranks}
+        ops = {c.op for r in run.ranks for step in r.step_collectives() for c in step}
+        assert ops == {"all_reduce"}, (name, which, ops)
+        assert len(counted) == 1, (name, which, counted)  # every rank the same
+        return counted.pop()
+    assert passes("local_reduction", "broken") == (1, 1)  # up then down: the plain pair
+    assert passes("local_reduction", "fixed") == (2, 2)  # the DTensor mean: one more each way
+    assert passes("heads_per_rank", "fixed") == (1, 3)  # q, k, v each read the input
+    assert passes("op_without_sharding", "fixed") == (1, 2)  # gate and up read it
+
+
+def _no_rule_for(ops=("unfold", "renorm")) -> dict:
+    """On a rank: each op on a DTensor (sharded, and whole), and what DTensor said."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    calls = {"unfold": lambda t: t.unfold(1, 2, 2), "renorm": lambda t: t.renorm(2, 0, 1.0)}
+    out = {}
+    for placement in (Shard(0), Replicate()):
+        x = distribute_tensor(torch.ones(4, 4), mesh, [placement])
+        for op in ops:
+            try:
+                calls[op](x)
+                out[f"{op} {placement}"] = "ran"
+            except NotImplementedError as exc:
+                out[f"{op} {placement}"] = str(exc)
+    return out
+
+
+def test_no_sharding_rule_for_unfold_or_renorm_on_torch_2_13():
+    """Lesson 16 says, as a fact of torch 2.13, that DTensor has no rule for Tensor.unfold nor
+    renorm (nothing in torch/distributed/tensor/_ops/ registers aten.unfold or aten.renorm).
+    When this fails, a torch release added one: reword section 3 and "Going further"."""
+    import ddp_lab
+
+    result = ddp_lab.launch(_no_rule_for, timeout=l16.TIMEOUT).raise_for_status()
+    for key, said in result.values[0].items():
+        op = key.split()[0]
+        assert said == f"Operator aten.{op}.default does not have a sharding strategy registered.", (
+            f"{key} on torch {torch.__version__}: {said}")
+
+
 def test_the_norm_sees_half_the_features_unless_dtensor_reduces(runs):
     broken = runs("local_reduction", "broken").values[0]["seen"]
     fixed = runs("local_reduction", "fixed").values[0]["seen"]

@@ -1,7 +1,10 @@
 """The custom blocks of lesson 16, broken beside fixed. Each carries the tensor-parallel plan it
 is split with, `tp_plan()` (as Hugging Face models carry `_tp_plan`): which Linear is split by
 its output features (`ColwiseParallel`: each rank computes some of the features) and which by
-its input features (`RowwiseParallel`: each rank adds its part, then an all-reduce).
+its input features (`RowwiseParallel`: each rank adds its part, then an all-reduce). That pair
+costs one all-reduce in the forward and one more in the backward, for the gradient of the
+block's input (runs.py says why; measured in `compare`): two per block in training, more where
+several colwise layers read the input (Attention's q, k, v: 1 forward, 3 backward).
 
 Under the default `ColwiseParallel()` a rank's output is a plain tensor holding ITS features
 only; with `use_local_output=False` it stays a `DTensor`, which knows it is a shard.

@@ -3,6 +3,18 @@
 under a plan. Every function here runs on a rank (through `ddp_lab.launch`); none starts a
 process. DTensor is imported inside the functions (see modules.py); `prewarm()` has the fork
 server import it once for every rank.
+
+`compare` marks the split block's forward and its backward as two steps (`measured_step`): the
+flight recorder's collectives come back by pass, `result.ranks[0].collectives_per_step()`.
+A colwise layer then a rowwise one is one all-reduce in the forward AND one in the backward,
+measured (torch 2.13, gloo; NCCL runs the same DTensor code): each ColwiseParallel wraps its
+plain input as a Replicate DTensor (`DTensor.from_local`, torch/distributed/tensor/parallel/
+style.py:106-112), and the gradient coming back to it is Partial (every rank holds a partial sum
+through its share of the weight), which `from_local`'s backward all-reduces to Replicate
+(torch/distributed/tensor/_api.py:239-283). One such all-reduce per colwise layer that reads the
+input: 3 for Attention's separate q, k, v (a fused qkv Linear would cost one). None where the
+input needs no gradient (a block fed the data itself), hence `x.requires_grad_()` below: inside a
+model, a block's input comes from layers that train.
 """
 from __future__ import annotations
 
@@ -11,6 +23,7 @@ import copy
 import torch
 import torch.distributed as dist
 
+from ...instruments.probes import measured_step
 from ...launching.rankinfo import device, rank_info
 from ..l12_sharded_modules.runs_memory import storage_bytes
 from .modules import Attention, TinyLM, features, tokens
@@ -79,7 +92,8 @@ def relative(a, b, floor: float = 0.0) -> float:
 def compare(model_cls=Attention, plan=None) -> dict:
     """Split `model_cls()` with `plan` (default: its own `tp_plan()`) over every rank, run a
     forward and backward on the same batch as the whole module, and measure the largest
-    relative difference of the output and of every weight's gradient."""
+    relative difference of the output and of every weight's gradient. The split block's forward
+    and backward are two marked steps: the collectives each entered come back by step."""
     from torch.distributed.tensor.parallel import parallelize_module
 
     world = rank_info().world_size
@@ -89,10 +103,15 @@ def compare(model_cls=Attention, plan=None) -> dict:
     ref = copy.deepcopy(model)
     plan = plan if plan is not None else model.tp_plan()
     seen = watch(model, plan, lambda m: parallelize_module(m, mesh, plan))
-    x = features(0).to(device())  # the same batch on every rank
-    y, want = model(x), ref(x)
+    # the same batch on every rank; it needs a gradient, as a block's input inside a model does
+    x = features(0).to(device()).requires_grad_()
+    with measured_step():  # step 1: the split block's forward
+        y = model(x)
+    want = ref(x)
     weights = torch.randn(want.shape, generator=torch.Generator().manual_seed(1)).to(device())
-    (whole(y) * weights).sum().backward()
+    loss = (whole(y) * weights).sum()
+    with measured_step():  # step 2: its backward
+        loss.backward()
     (want * weights).sum().backward()
     floor = 0.01 * max(float(q.grad.norm()) for q in ref.parameters())  # 1 % of the largest
     grads = {n: relative(p.grad, q.grad, floor) for (n, p), (_, q) in
