@@ -4,9 +4,12 @@ Memory is asserted against counted bytes with wide margins; time only as a ratio
 run."""
 from statistics import mean, median
 
-from conftest import alive
+from matplotlib.text import Text
 
+from conftest import alive
+from ddp_lab import launch
 from ddp_lab.lessons import l18_what_a_rank_costs as l18
+from ddp_lab.lessons.l18_what_a_rank_costs.figures import TEXT
 from ddp_lab.course.registry import get_lesson
 
 LESSON = get_lesson("18")  # the `runs` fixture reads this name
@@ -114,3 +117,46 @@ def test_small_buckets_make_many_all_reduces_and_bucket_views_save_a_gradient_co
     saved = (mean(x.value["held_mb"] for x in broken.ranks)
              - mean(x.value["held_mb"] for x in fixed.ranks))
     assert 0.6 < saved / (b["param_bytes"] / MIB) < 1.4, saved  # one copy of the gradients
+
+
+def test_a_count_not_as_declared_says_what_was_expected(runs):
+    # the exercise's checker shows these lines: the counts, and the declaration in words
+    scenario = LESSON.scenario("unasked_collectives")
+    as_fixed = scenario.differences("fixed", runs("unasked_collectives", "broken"))
+    assert len(as_fixed) == 2 and all(
+        "per step [3, 3, 3, 3, 3, 3, 3, 3]; expected from step 3 on: a mean under 1.5: 1 a step, "
+        "2 on a step that logs" in p for p in as_fixed), as_fixed
+    as_broken = scenario.differences("broken", runs("unasked_collectives", "fixed"))
+    assert len(as_broken) == 2 and all("expected from step 3 on: at least 3 in every step" in p
+                                       for p in as_broken), as_broken
+    for name in ("unasked_collectives", "small_buckets"):
+        for which in ("broken", "fixed"):
+            condition = LESSON.scenario(name).variant(which).expect.extra.condition
+            assert condition.startswith(("collectives per step", "all_reduce per step")), condition
+
+
+def test_static_graph_learns_the_used_parameters_once_and_rebuilds_a_step_later(runs):
+    # what the notebook's Going further reads from these counts, step by step
+    run = launch(l18.train_logged, log_every=4, ddp_options={"static_graph": True}, timeout=60,
+                 label="static_graph=True").raise_for_status()
+    params = sum(1 for _ in l18.Net().parameters())
+    fixed = runs("unasked_collectives", "fixed")
+    for r, f in zip(run.ranks, fixed.ranks):
+        assert r.collectives_per_step() == [2, 1, 3, 2, 1, 1, 1, 2]
+        step1, step3 = (sorted((c.op, c.dtypes, c.sizes) for c in s)
+                        for s in (r.step_collectives()[0], r.step_collectives()[2]))
+        assert ("all_reduce", ("int32",), ((params,),)) in step1  # the used-parameter map, once
+        assert [op for op, _, _ in step3] == ["all_reduce", "broadcast", "broadcast"]  # rebuilt
+        assert f.collectives_per_step()[:2] == [1, 3]  # the fix rebuilds in step 2 instead
+        assert r.collectives_per_step()[3:] == f.collectives_per_step()[3:]
+
+
+def test_the_collectives_figure_is_drawn_at_the_width_a_notebook_shows(runs):
+    results = {name: {w: runs(name, w) for w in ("broken", "fixed")}
+               for name in ("unasked_collectives", "small_buckets")}
+    fig = l18.figures(results)["collectives_per_step"]
+    width_px = fig.get_size_inches()[0] * fig.dpi
+    assert width_px <= 850, width_px  # shown at full size in a notebook column, not shrunk
+    sizes = [t.get_fontsize() for t in fig.findobj(Text)
+             if t.get_visible() and t.get_text().strip()]
+    assert min(sizes) >= TEXT >= 9, sorted(set(sizes))

@@ -30,7 +30,10 @@ GATHER_MB = 16  # MiB of predictions (and as many of targets) per rank per step
 SMALL_BUCKET_MB = 0.25
 # Every rank on every core, as mp.spawn or a notebook launcher leaves it. The course's launcher
 # otherwise caps each rank at cores // ranks; OMP_NUM_THREADS is read when torch is imported, so
-# a launch that sets it starts its ranks by plain spawn (launcher.IMPORT_TIME_VARS).
+# a launch that sets it starts its ranks by plain spawn (launcher.IMPORT_TIME_VARS). cores()
+# counts logical CPUs: on a host with SMT this is twice torch's own default, one thread per
+# physical core (c10/core/thread_pool.cpp's defaultNumThreads; MKL's default on this OpenMP + MKL
+# build), which the 2-core machine the course was measured on (no SMT) cannot show.
 UNCAPPED = {"OMP_NUM_THREADS": str(max(2, cores()))}
 
 
@@ -62,17 +65,21 @@ def steady(counts: list, skip: int = 2) -> list:
     return counts[skip:]
 
 
-def _per_step(check, op: str | None = None):
+def _per_step(check, expected: str, op: str | None = None):
     """An Expect check on every rank's collectives (of `op`) per step after the first two,
-    from the flight recorder, by step."""
+    from the flight recorder, by step. `expected` says in words what `check` accepts; a rank
+    that fails it is reported with its counts and that text."""
+    what = f"{op or 'collectives'} per step"
+
     def extra(result) -> list[str]:
         problems = []
         for r in result.ranks:
             counts = r.collectives_per_step(op)
             if not steady(counts) or None in counts or not check(steady(counts)):
-                problems.append(f"rank {r.rank}: {op or 'collectives'} per step {counts} not as "
-                                "declared (after the first two steps)")
+                problems.append(f"rank {r.rank}: {what} {counts}; expected from step 3 on: "
+                                f"{expected} (steps 1-2 left out: DDP builds its buckets there)")
         return problems
+    extra.condition = f"{what} from step 3 on: {expected}"  # the declaration in words
     return extra
 
 
@@ -92,6 +99,8 @@ def _gathered_to_rank0(gathered: bool):
                 problems.append(f"rank {r.rank} received {received} bytes per step, expected "
                                 f"{'at least' if gathered and r.rank == 0 else 'under'} {need}")
         return problems
+    extra.condition = (f"rank 0 receives at least world_size x 2 x {GATHER_MB} MiB a step"
+                       if gathered else "every rank receives under 1 KiB a step")
     return extra
 
 
@@ -128,6 +137,9 @@ def _workers(above: float | None = None, below: float | None = None, workers: in
                 problems.append(f"rank {r.rank}: a worker's private memory grew by "
                                 f"{max(growth.values()):.1f} MiB, expected < {below:g}")
         return problems
+    bound = f"more than {above:g}" if above is not None else f"less than {below:g}"
+    extra.condition = (f"each of {workers} DataLoader workers per rank: private memory grows by "
+                       f"{bound} MiB")
     return extra
 
 
@@ -174,22 +186,28 @@ LESSON = Lesson(
         Scenario("unasked_collectives",
                  "A logging all_reduce every step, find_unused_parameters=True",
                  broken=Variant(train_logged,
-                                Expect("ok", extra=_per_step(lambda c: min(c) >= 3)),
+                                Expect("ok", extra=_per_step(lambda c: min(c) >= 3,
+                                                        "at least 3 in every step")),
                                 kwargs={"log_every": 1,
                                         "ddp_options": {"find_unused_parameters": True}}),
                  fixed=Variant(train_logged,
-                               Expect("ok", extra=_per_step(lambda c: mean(c) < 1.5)),
+                               Expect("ok", extra=_per_step(
+                                   lambda c: mean(c) < 1.5,
+                                   "a mean under 1.5: 1 a step, 2 on a step that logs")),
                                kwargs={"log_every": 4, "ddp_options": {}}),
                  summary="3 collectives a step where 1 does: the logged loss's all_reduce and "
                          "DDP's search for unused parameters; log every k steps, and "
-                         "find_unused_parameters=False (or static_graph=True)"),
+                         "find_unused_parameters=False (static_graph=True where the same "
+                         "parameters go unused every step)"),
         Scenario("small_buckets", "Many small parameters in small DDP buckets",
                  broken=Variant(train_gains,
-                                Expect("ok", extra=_per_step(lambda c: min(c) > 32, "all_reduce")),
+                                Expect("ok", extra=_per_step(lambda c: min(c) > 32, "more than 32",
+                                                        "all_reduce")),
                                 kwargs={"ddp_options": {"bucket_cap_mb": SMALL_BUCKET_MB}}),
                  fixed=Variant(train_gains,
                                Expect("ok", metric="grad_storages", below=8,
-                                      extra=_per_step(lambda c: max(c) < 8, "all_reduce")),
+                                      extra=_per_step(lambda c: max(c) < 8, "fewer than 8",
+                                                     "all_reduce")),
                                kwargs={"ddp_options": {"gradient_as_bucket_view": True}}),
                  summary="256 gradients of 64 KiB in 0.25 MiB buckets: 64 all-reduces a step; "
                          "the default buckets make 2, and gradient_as_bucket_view=True keeps "

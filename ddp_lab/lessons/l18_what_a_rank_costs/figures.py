@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from statistics import median
 
-from ...course.plots import BROKEN, FIXED, figure, rank_colour
+from ...course.plots import BROKEN, FIXED, figure, rank_colour, show_figures_in_ipython
 
 MEMORY_ROWS = {
     "graph_history": ("1. a loss history", "resident memory (MiB)",
@@ -95,6 +95,9 @@ def threads_figure(results):
     return fig
 
 
+TEXT = 9  # points: the figure is drawn at the width a notebook shows it, so this is what one reads
+
+
 def _steps_bars(ax, results, name: str, op: str | None, labels) -> None:
     """Collectives (of `op`) per step on rank 0, broken beside fixed. Counts only: the step
     times of two runs on a shared machine are not a measurement worth a ratio (the ratio in
@@ -108,7 +111,7 @@ def _steps_bars(ax, results, name: str, op: str | None, labels) -> None:
         steps = max(steps, len(counts))
         bars = ax.bar([s + 1 + (i - 0.5) * width for s in range(len(counts))], counts, width,
                       color=colour, label=labels[i])
-        ax.bar_label(bars, fontsize=7)
+        ax.bar_label(bars, fontsize=TEXT)
     ax.set_xticks(range(1, steps + 1))
     ax.set_xlabel("step (rank 0)")
     ax.set_ylabel(f"{op or 'collectives'} per step\n(flight recorder)")
@@ -117,36 +120,58 @@ def _steps_bars(ax, results, name: str, op: str | None, labels) -> None:
     else:
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylim(0, ax.get_ylim()[1] * 1.5)
-    ax.legend(fontsize=8, loc="upper center")
+    ax.legend(fontsize=TEXT, loc="upper center", ncol=2)
     ax.grid(axis="y", alpha=0.3)
 
 
+def _held_bars(held, values) -> None:
+    """What the rank holds after training with the gradients beside the buckets, and as views
+    into them, against multiples of the parameters' size."""
+    from matplotlib.transforms import blended_transform_factory
+
+    param_mb = values["broken"]["param_bytes"] / 2 ** 20
+    held.bar(["gradients beside\nthe buckets", "gradient_as_\nbucket_view=True"],
+             [values[w]["held_mb"] for w in ("broken", "fixed")], width=0.6,
+             color=[BROKEN, FIXED])
+    held.set_xlim(-0.5, 1.5)
+    right = blended_transform_factory(held.transAxes, held.transData)
+    for k in (1, 2, 3):
+        held.axhline(k * param_mb, color="grey", lw=0.8, ls=":")
+        held.text(1.01, k * param_mb, f"{k}x the\nparameters", transform=right, fontsize=TEXT,
+                  va="center", ha="left", color="dimgrey")
+    held.set_ylabel("memory held after training,\nabove the rank before the model (MiB)")
+    held.set_title("6. memory the gradients take (rank 0)", fontsize=10)
+    held.grid(axis="y", alpha=0.3)
+
+
 def collectives_figure(results):
-    fig, (five, six, held) = figure(3, width=4.8, height=3.6,
-                                    title="Collectives per step, and what the buckets hold")
+    """Panel 5 across the top (8 steps), panel 6's two views below it: drawn at the width a
+    notebook column shows (about 830 px), so that no label shrinks below TEXT points."""
+    from matplotlib.figure import Figure
+
+    show_figures_in_ipython()
+    fig = Figure(figsize=(8.2, 7.2), layout="constrained")
+    axes = fig.subplot_mosaic([["five", "five"], ["six", "held"]],
+                              gridspec_kw={"width_ratios": [1.15, 1]})
+    five, six, held = axes["five"], axes["six"], axes["held"]
+    fig.suptitle("Collectives per step, and what the buckets hold", fontsize=12,
+                 fontweight="bold")
     _steps_bars(five, results, "unasked_collectives", None,
                 ("log every step, find_unused_parameters=True", "log every 4 steps"))
     five.set_title("5. collectives nobody asked for", fontsize=10)
     timed = results["unasked_collectives"].get("timed")  # UNASKED_TIMING's run, where given
     if timed is not None and timed.ok:
-        five.set_title("5. collectives nobody asked for\nstep time, broken / fixed: "
+        five.set_title("5. collectives nobody asked for; step time, broken / fixed: "
                        + ", ".join(f"rank {r.rank} ×{r.value['ratio']:.2f}" for r in timed.ranks)
-                       + "\n(both timed in one run, alternating blocks)", fontsize=9)
+                       + "\n(both loops timed in one run, in alternating blocks)", fontsize=10)
     six.set_yscale("log")
     cap = results["small_buckets"]["broken"].values[0]["bucket_bytes"][0] / 2 ** 20
     _steps_bars(six, results, "small_buckets", "all_reduce",
-                (f"bucket_cap_mb={cap:g}", "default buckets"))
+                (f"bucket_cap_mb={cap:g}", "default"))
     six.set_title("6. DDP buckets: all-reduces per step", fontsize=10)
-    values = {w: results["small_buckets"][w].values[0] for w in ("broken", "fixed")}
-    param_mb = values["broken"]["param_bytes"] / 2 ** 20
-    held.bar(["gradients beside\nthe buckets", "gradient_as_\nbucket_view=True"],
-             [values[w]["held_mb"] for w in ("broken", "fixed")], color=[BROKEN, FIXED])
-    for k in (1, 2, 3):
-        held.axhline(k * param_mb, color="grey", lw=0.8, ls=":")
-        held.text(-0.45, k * param_mb, f"{k}x the parameters", fontsize=7, va="bottom")
-    held.set_ylabel("memory held after training,\nabove the rank before the model (MiB)")
-    held.set_title("6. memory the gradients take (rank 0)", fontsize=10)
-    held.grid(axis="y", alpha=0.3)
+    _held_bars(held, {w: results["small_buckets"][w].values[0] for w in ("broken", "fixed")})
+    for ax in (five, six, held):
+        ax.tick_params(labelsize=TEXT)
     return fig
 
 

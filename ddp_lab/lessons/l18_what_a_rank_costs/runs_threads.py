@@ -22,7 +22,9 @@ ROWS_PER_CORE = 512  # a batch of 512 x cores rows: enough work per operator for
 
 
 def cores() -> int:
-    """The cores this process may run on (its CPU affinity; all of the machine's elsewhere)."""
+    """The logical CPUs this process may run on (its CPU affinity; all of the machine's
+    elsewhere): hardware threads, two per physical core where 2-way SMT is on, whereas torch's
+    default thread count is one per physical core."""
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:
