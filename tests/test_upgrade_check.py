@@ -32,3 +32,51 @@ def test_the_report_sorts_a_changed_message_from_a_declaration(tmp_path):
     out = _run("--report-only", "--venv", str(tmp_path))
     assert out.returncode == 1, out.stdout + out.stderr
     assert "0/1 scenario variants as declared" in out.stdout, out.stdout
+
+
+def _records(tmp_path, new_variant, *, ci=False, cuda_log=""):
+    scenario = {"status": "ok", "problems": [], "headline": "ok", "measured": None}
+    (tmp_path / "tour-new.json").write_text(json.dumps(
+        {"torch": "9.9", "scenarios": {"00/x broken": {**scenario, **new_variant}}}))
+    if ci:
+        (tmp_path / "cuda-tests.log").write_text(cuda_log)
+    else:
+        (tmp_path / "tour-baseline.json").write_text(json.dumps(
+            {"torch": "2.13.0+cpu", "scenarios": {"00/x broken": scenario}}))
+        (tmp_path / "nbval-new.json").write_text(json.dumps({"cells": []}))
+    (tmp_path / "seconds.json").write_text("{}")
+    return _run("--report-only", "--venv", str(tmp_path), *(["--ci"] if ci else []))
+
+
+MISSED = {"status": "ok", "problems": ["status 'ok', expected 'crashed'"]}
+RATE = "holds in 47 of 50 runs on torch 9.9 (python tools/measure_rate.py 00/x broken)"
+
+
+def test_a_miss_with_a_measured_rate_is_set_aside_and_does_not_fail(tmp_path):
+    out = _records(tmp_path, {**MISSED, "measured": RATE})
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "1 more known nondeterministic on this build" in out.stdout, out.stdout
+    assert "known nondeterministic on this build: 1" in out.stdout and RATE in out.stdout
+
+
+def test_the_bucket_is_refused_to_a_miss_without_a_measured_rate(tmp_path):
+    out = _records(tmp_path, {**MISSED, "measured": None})
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "declaration not met: 1" in out.stdout and "known nondeterministic on this build: none" in out.stdout
+
+
+def test_ci_mode_needs_the_cuda_build_tests_to_run_not_skip(tmp_path):
+    ran = "5 passed, 2 skipped in 21.0s"
+    assert _records(tmp_path, {}, ci=True, cuda_log=ran).returncode == 0
+    skipped = ("SKIPPED [3] tests/launching/test_cuda_init.py:81: this torch is a CPU build: ...\n"
+               "2 passed, 3 skipped in 9.0s")
+    out = _records(tmp_path, {}, ci=True, cuda_log=skipped)
+    assert out.returncode == 1 and "skipped as on a CPU build" in out.stdout, out.stdout
+    assert _records(tmp_path, {}, ci=True, cuda_log="1 failed, 4 passed in 9.0s").returncode == 1
+
+
+def test_ci_runs_the_newest_torch_after_the_pinned_suite():
+    # issue 34 (issue 26's decision): after the pinned build's suite, the CUDA build's part
+    ci = (REPO / ".ci" / "run").read_text()
+    check = ".venv/bin/python tools/upgrade_check.py --torch 2.14.1 --ci"
+    assert check in ci and ci.index(".venv/bin/python -m pytest") < ci.index(check)

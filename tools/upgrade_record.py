@@ -34,16 +34,22 @@ def record_tour(path: str) -> int:
         for variant in ("broken", "fixed"):
             result = getattr(row, variant)
             root = result.root_cause
+            measured = row.scenario.variant(variant).measured_on(torch.__version__)
             scenarios[f"{row.scenario.key} {variant}"] = {
                 "status": result.status,
                 "headline": f"rank {root.rank}: {root.headline}" if root else "ok",
                 "problems": [p.split(": ", 1)[1] for p in row.problems
-                             if p.startswith(variant + ":")]}
+                             if p.startswith(variant + ":")],
+                # where the declaration is measured to hold only some of the time on this torch
+                "measured": measured.describe() if measured else None}
     with open(path, "w") as f:
         json.dump({"torch": torch.__version__, "scenarios": scenarios}, f, indent=1)
-    declared = sum(row.as_declared for row in rows)
-    print(f"torch {torch.__version__}: {declared}/{len(rows)} scenarios as declared")
-    return 0 if declared == len(rows) else 1
+    missed = [k for k, v in scenarios.items() if v["problems"]]
+    known = [k for k in missed if scenarios[k]["measured"]]
+    print(f"torch {torch.__version__}: {len(scenarios) - len(missed)}/{len(scenarios)} scenario "
+          f"variants as declared" + (f", {len(known)} more known nondeterministic on this build "
+                                     f"({', '.join(known)})" if known else ""))
+    return 0 if len(missed) == len(known) else 1
 
 
 def _compared(item, outputs) -> dict[str, str]:
