@@ -331,6 +331,8 @@ def _stop(running: list[_Rank], why: str) -> None:
     for rk in running:
         if rk.native:
             rk.native_stack = pyspy.dump(rk.handle.pid)
+    processes.freeze([rk.handle.pid for rk in running], time.time() + STACK_WAIT)
+    for rk in running:  # none of them runs on to see another one die
         rk.handle.kill()
         rk.stopped = why
     until = time.time() + 5
