@@ -6,6 +6,7 @@ A lesson is a module (or package) `ddp_lab.lessons.lNN_<name>` that defines `LES
 from __future__ import annotations
 
 import importlib
+import inspect
 import pkgutil
 import re
 from dataclasses import dataclass, field, replace
@@ -31,6 +32,8 @@ class Expect:
     With `metric`, the value rank `metric_rank` returned (a dict) must have `metric` above
     `above` and/or below `below` (`metric_rank=None`: the largest over all ranks).
     `extra` is the lesson's own test of the run: RunResult -> list of problems (empty: met).
+    `condition` says in words what `extra` checks (the CLI prints it); without it, the words
+    are the check's own docstring (or that of the function that made it, with its arguments).
     """
 
     status: str
@@ -42,6 +45,7 @@ class Expect:
     below: float | None = None
     metric_rank: int | None = 0
     extra: Callable[[RunResult], list[str]] | None = None
+    condition: str = ""
 
     def __post_init__(self):
         if self.status not in STATUSES:
@@ -69,6 +73,31 @@ class Expect:
                      f"< {self.below:g}" if self.below is not None else ""]
             parts.append(f"{self.metric} {' '.join(b for b in bound if b)}")
         return " ".join(parts)
+
+    def condition_text(self) -> str:
+        """describe(), and what `extra` checks in words: the whole declared condition."""
+        if not self.extra:
+            return self.describe()
+        return f"{self.describe()}; {self.condition or _check_words(self.extra)}"
+
+    def measured(self, result: RunResult) -> list[str]:
+        """The figure the declaration reads from `result`, beside its threshold: `metric`'s
+        value (empty without a metric, or when the ranks returned none)."""
+        if not self.metric:
+            return []
+        try:
+            value = self._metric_value(result)
+        except (KeyError, TypeError, ValueError, IndexError):
+            return []
+        where = " (the largest over the ranks)" if self.metric_rank is None else f" on rank {self.metric_rank}"
+        bounds = ([f"> {self.above:g}"] if self.above is not None else []) + \
+                 ([f"< {self.below:g}"] if self.below is not None else [])
+        return [f"{self.metric} = {value:.4g}{where}; declared {' and '.join(bounds)}"]
+
+    def _metric_value(self, result: RunResult) -> float:
+        if self.metric_rank is None:
+            return max(float(v[self.metric]) for v in result.values if v is not None)
+        return float(result.ranks[self.metric_rank].value[self.metric])
 
     def differences(self, result: RunResult) -> list[str]:
         """What differs between `result` and this declaration; empty when it is as declared."""
@@ -107,10 +136,7 @@ class Expect:
 
     def _metric_differences(self, result: RunResult) -> list[str]:
         try:
-            if self.metric_rank is None:
-                value = max(float(v[self.metric]) for v in result.values if v is not None)
-            else:
-                value = float(result.ranks[self.metric_rank].value[self.metric])
+            value = self._metric_value(result)
         except (KeyError, TypeError, ValueError, IndexError) as exc:
             return [f"no metric {self.metric!r} in the ranks' values ({exc!r})"]
         problems = []
@@ -151,6 +177,24 @@ class Measured:
 
     def describe(self) -> str:
         return f"holds in {self.held} of {self.runs} runs on torch {self.torch} ({self.command})"
+
+
+def _check_words(check: Callable) -> str:
+    """An `extra` check in words: its maker's name with the plain arguments it was given (a
+    closure, a functools.partial), else the first sentence of its docstring (or its maker's)."""
+    func = getattr(check, "func", check)  # a functools.partial: the function it binds
+    qualname = getattr(func, "__qualname__", type(func).__name__)  # maker.<locals>.check
+    name = qualname.rsplit(".<locals>.", 1)[0].split(".<locals>.")[-1] if ".<locals>." in qualname else qualname
+    given = dict(getattr(check, "keywords", None) or {})
+    if check is func and hasattr(func, "__code__"):
+        given = {k: c.cell_contents for k, c in zip(func.__code__.co_freevars, func.__closure__ or ())}
+    args = [f"{k}={v!r}" for k, v in given.items() if isinstance(v, (int, float, str))]
+    if args:
+        return f"the lesson's check {name.lstrip('_')}({', '.join(args)})"
+    maker = getattr(inspect.getmodule(func), name, None)
+    doc = " ".join((inspect.getdoc(func) or inspect.getdoc(maker) or "").split())
+    first = doc.removeprefix("Extra check: ").split(". ")[0].rstrip(".")
+    return f"the lesson's check {name.lstrip('_')}" + (f": {first}" if first else "")
 
 
 @dataclass(frozen=True)
