@@ -11,7 +11,7 @@ EPILOG = """examples:
   ddp-lab doctor mymodel.py:Net --input "torch.randn(8, 16)"
   ddp-lab doctor mymodel.py:make_model --input "(torch.randn(4, 10, 32), torch.ones(4, 10))"
   ddp-lab doctor mymodel.py:Net --input make_batch --amp bf16 --json
-  ddp-lab doctor bert.py:Encoder --input "torch.randn(4, 12, 32)" \
+  ddp-lab doctor bert.py:Encoder --input "torch.randn(4, 12, 32)" \\
       --loss "lambda out, batch: out[0].pow(2).mean()" --ddp find_unused_parameters=True
 
 --input is a Python expression evaluated with torch, nn, math, F and the file's own names: a
