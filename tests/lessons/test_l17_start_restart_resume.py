@@ -8,10 +8,13 @@ The generic test (tests/test_registry.py) runs every scenario broken and fixed a
 declaration; the runs are shared through the `runs` fixture."""
 from __future__ import annotations
 
+import inspect
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from datetime import timedelta
 
 import pytest
@@ -113,6 +116,16 @@ def test_resuming_from_the_newest_file_that_loads_is_enough_on_its_own(no_leftov
     assert run.values[0]["resumed_from"] == 4 and "ckpt-6.pt" in run.values[0]["files"]
 
 
+def test_a_script_of_ones_own_sees_the_write_fail_and_is_left_the_same_torn_file(no_leftovers):
+    # CPython ignores SIGXFSZ from the start; only scenario 6's own line makes the kernel kill
+    assert signal.getsignal(signal.SIGXFSZ) == signal.SIG_IGN
+    run, left = l17.cut_with_pythons_handler()
+    l17.WRITE_FAILS.expect.assert_met(run)
+    assert run.ranks[0].status == "error" and run.ranks[1].is_collateral  # rank 0 lived to raise
+    assert list(left) == ["ckpt-2.pt", "ckpt-4.pt", "ckpt-6.pt"]
+    assert left["ckpt-6.pt"] == left["ckpt-4.pt"] // 2  # cut at the same limit, under its final name
+
+
 def test_every_rank_building_one_cache_races(runs):
     broken, fixed = runs("every_rank_prepares", "broken").values[0], runs("every_rank_prepares", "fixed").values[0]
     assert broken["raced"] >= 1 and broken["builds"] >= broken["rounds"]
@@ -177,6 +190,42 @@ def test_the_exercise_checker_fails_a_partial_state_and_passes_the_full_one():
     def model_and_optimizer(job):
         return {"model": job.model.module.state_dict(), "optimizer": job.opt.state_dict()}
 
+    def this_ranks_generators_only(job):  # the exercise's words read too literally (issue 38)
+        return {**l17.everything(job), "rng": l17.rng_state()}
+
     scenario = LESSON.scenario("partial_resume")
-    assert not try_fix(scenario, state_of=model_and_optimizer).passed
-    assert try_fix(scenario, state_of=l17.everything).passed
+    partial = try_fix(scenario, state_of=model_and_optimizer)
+    assert not partial.passed
+    assert l17.what_the_checkpoint_lacks(partial) == "the checkpoint lacks: scheduler, step, epoch, position, rng"
+    literal = try_fix(scenario, state_of=this_ranks_generators_only)
+    assert not literal.passed and literal.result.status == "error"
+    assert l17.what_the_checkpoint_lacks(literal).startswith(
+        "rank 0: TypeError: the checkpoint's \"rng\" is a dict, one rank's generators (rng_state()); "
+        "restore expects a list, one entry per rank (2), rank r taking entry r: save gather(rng_state())")
+    full = try_fix(scenario, state_of=l17.everything)
+    assert full.passed and l17.what_the_checkpoint_lacks(full) == "every key is there"
+    assert set(l17.FULL_STATE) == set(full.result.earlier[1].values[0]["saved"])
+
+
+def test_under_torchrun_a_wrong_endpoint_waits_out_the_rendezvous_timeouts_not_the_groups(tmp_path):
+    # what notebook 17 says (Going further): the c10d store's read_timeout bounds the connect, then
+    # RendezvousConnectionError; its defaults, and torchrun's for the static rendezvous
+    from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend as c10d
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import RendezvousTimeout
+    from torch.distributed.launcher.api import LaunchConfig
+
+    assert RendezvousTimeout().join == timedelta(seconds=600)
+    assert LaunchConfig(min_nodes=2, max_nodes=2, nproc_per_node=1).rdzv_configs["timeout"] == 900
+    assert '"read_timeout", 60)' in inspect.getsource(c10d._create_tcp_store)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHELASTIC", "MASTER_", "RANK"))}
+    (tmp_path / "w.py").write_text("print('a worker ran')\n")
+    began = time.monotonic()
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1",
+                          "--rdzv-backend=c10d", f"--rdzv-endpoint={l17.UNREACHABLE}:29400",
+                          "--rdzv-conf=read_timeout=2", str(tmp_path / "w.py")],
+                         capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+    took = time.monotonic() - began
+    assert out.returncode != 0 and "a worker ran" not in out.stdout
+    assert "RendezvousConnectionError: The connection to the C10d store has failed" in out.stderr
+    assert f"timed out after 2000ms while trying to connect to ({l17.UNREACHABLE}, 29400)" in out.stderr
+    assert took < 60, took  # the 2 s asked for (plus torchrun's start), not the group's 30 minutes

@@ -9,6 +9,7 @@ The picture is in `figures.py`.
 from __future__ import annotations
 
 import json
+import os
 import re
 import tempfile
 from dataclasses import dataclass, replace
@@ -32,7 +33,8 @@ __all__ = ["LESSON", "Restarted", "PEER_NEVER_CAME", "restart_with_torchruns_def
            "join", "everything", "first_half", "gather", "model_only", "restore", "resumed",
            "rng_state", "straight",
            "shard_and_device", "figures", "resume_figure", "restart_figure", "ended_after",
-           "keys_at_start", "restart_found_old_keys"]
+           "keys_at_start", "restart_found_old_keys", "WRITE_FAILS", "cut_with_pythons_handler",
+           "FULL_STATE", "what_the_checkpoint_lacks"]
 
 
 @dataclass(frozen=True)
@@ -197,6 +199,42 @@ def restart_found_old_keys(result) -> list[str]:
     elif r.status not in ("ok", "error"):
         problems.append(f"the agent's rank is {r.status}: {r.headline}")
     return problems
+
+
+# Scenario 6 as a script of one's own meets it: CPython ignores SIGXFSZ, so the kernel refuses the
+# write past the limit (EFBIG) instead of killing the rank, and torch.save raises: its C++ writer's
+# failed write (serialization.py:1312), then, raised last as the `with` closes the zip,
+# "unexpected pos" (serialization.py:834, inline_container.cc). The file left is as torn as a
+# kill leaves it.
+WRITE_FAILS = Variant(train_and_checkpoint, Expect("error", "RuntimeError", r"unexpected pos \d+ vs \d+",
+                                                   ranks=(0,)), kwargs={"kill": False}, grace=2)
+
+
+def cut_with_pythons_handler():
+    """Launch 1 of scenario 6 with SIGXFSZ left as CPython sets it, in a folder of its own.
+    Returns the run and {file: size} of what it left."""
+    with tempfile.TemporaryDirectory(prefix="ddp-lab-l17-") as workdir:
+        run = WRITE_FAILS.run(label="17/torn_checkpoint, SIGXFSZ as CPython leaves it", workdir=workdir)
+        return run, {f: os.path.getsize(os.path.join(workdir, f)) for f in sorted(os.listdir(workdir))}
+
+
+# -- the exercise --------------------------------------------------------------------------------
+
+FULL_STATE = ("model", "optimizer", "scheduler", "step", "epoch", "position", "rng")  # `everything`'s
+
+
+def what_the_checkpoint_lacks(verdict) -> str:
+    """One line for the exercise's learner: the error a rank raised (restoring a checkpoint, or
+    making one), else the keys of `everything` that the learner's checkpoint lacks."""
+    result = verdict.result
+    if result.status != "ok":
+        root = result.root_cause
+        return f"rank {root.rank}: {root.headline}" if root else result.describe_failure().splitlines()[0]
+    saved = set(result.earlier[1].values[0]["saved"])  # launch 2 made the checkpoint
+    missing = [k for k in FULL_STATE if k not in saved]
+    if missing:
+        return "the checkpoint lacks: " + ", ".join(missing)
+    return "every key is there" + ("" if verdict.passed else "; check what each one holds")
 
 
 LESSON = Lesson(

@@ -26,25 +26,32 @@ def save_in_place(state: dict, path: str) -> None:
 
 
 def save_atomically(state: dict, path: str) -> None:
-    """Write a temporary file, then rename it: the name points at the previous file or at the
-    whole new one, never at half of one (os.replace is atomic on POSIX, and on Windows' NTFS)."""
+    """Write a temporary file beside `path`, then rename it: the name points at the previous file
+    or at the whole new one, never at half of one. Python documents os.replace as atomic on POSIX,
+    within one file system; the fsync puts the bytes on disk before the name can point at them, as
+    DCP's FileSystemWriter does (sync_files=True)."""
     tmp = path + ".tmp"
-    torch.save(state, tmp)
+    with open(tmp, "wb") as f:
+        torch.save(state, f)
+        f.flush()
+        os.fsync(f.fileno())
     os.replace(tmp, path)
 
 
-def cut_after(nbytes: int) -> None:
+def cut_after(nbytes: int, kill: bool = True) -> None:
     """The kill, made to land mid-write every time: the kernel stops this process (SIGXFSZ) when
     a file it writes grows past `nbytes`. A SIGKILL from the scheduler, the OOM killer or a power
-    cut at that moment leaves the same file."""
-    signal.signal(signal.SIGXFSZ, signal.SIG_DFL)  # Python ignores it; the kernel's default kills
+    cut at that moment leaves the same file. `kill=False` keeps what CPython sets at start-up,
+    SIGXFSZ ignored: the write past the limit then fails instead (EFBIG), and torch.save raises."""
+    if kill:  # CPython ignores SIGXFSZ (signal.getsignal gives SIG_IGN); the default action kills
+        signal.signal(signal.SIGXFSZ, signal.SIG_DFL)
     resource.setrlimit(resource.RLIMIT_CORE, (0, resource.getrlimit(resource.RLIMIT_CORE)[1]))
     resource.setrlimit(resource.RLIMIT_FSIZE, (nbytes, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
 
 
-def train_and_checkpoint(workdir: str, save=save_in_place, **_) -> dict:
+def train_and_checkpoint(workdir: str, save=save_in_place, kill: bool = True, **_) -> dict:
     """Launch 1: STEPS steps, a checkpoint every EVERY steps written by rank 0; rank 0 is killed
-    while it writes the one of step CUT_AT."""
+    while it writes the one of step CUT_AT (`kill=False`: its write fails there instead)."""
     refuse_under_torchrun("torn_checkpoint", "it kills the rank that writes, and under torchrun "
                           "that rank is the process running ddp-lab")
     model, opt = _model()
@@ -53,7 +60,7 @@ def train_and_checkpoint(workdir: str, save=save_in_place, **_) -> dict:
         if step % EVERY == 0:
             if rank_info().is_main:
                 if step == CUT_AT:
-                    cut_after(os.path.getsize(os.path.join(workdir, f"ckpt-{step - EVERY}.pt")) // 2)
+                    cut_after(os.path.getsize(os.path.join(workdir, f"ckpt-{step - EVERY}.pt")) // 2, kill)
                 save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step},
                      os.path.join(workdir, f"ckpt-{step}.pt"))
             dist.barrier()

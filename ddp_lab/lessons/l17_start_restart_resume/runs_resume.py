@@ -112,6 +112,8 @@ def model_only(job: Job) -> dict:
 
 
 def rng_state() -> dict:
+    """This rank's three generators (torch, numpy, Python). Each rank's differ: a checkpoint
+    keeps every rank's, `gather(rng_state())`, a list indexed by rank."""
     return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
 
 
@@ -124,7 +126,7 @@ def everything(job: Job) -> dict:
 
 
 def restore(job: Job, ckpt: dict) -> None:
-    """Put back whatever `ckpt` holds."""
+    """Put back whatever `ckpt` holds; its "rng" is a list, one entry per rank."""
     job.model.module.load_state_dict(ckpt["model"])
     if "optimizer" in ckpt:
         job.opt.load_state_dict(ckpt["optimizer"])
@@ -132,10 +134,21 @@ def restore(job: Job, ckpt: dict) -> None:
         job.sched.load_state_dict(ckpt["scheduler"])
     job.step, job.epoch, job.position = (ckpt.get(k, 0) for k in ("step", "epoch", "position"))
     if "rng" in ckpt:
-        mine = ckpt["rng"][rank_info().rank]
+        mine = this_ranks(ckpt["rng"])  # entry r of a list with one entry per rank
         torch.set_rng_state(mine["torch"])
         np.random.set_state(mine["numpy"])
         random.setstate(mine["python"])
+
+
+def this_ranks(rng) -> dict:
+    """This rank's entry of a checkpoint's "rng"; said plainly when it is not one per rank."""
+    info = rank_info()
+    if isinstance(rng, (list, tuple)) and len(rng) == info.world_size:
+        return rng[info.rank]
+    got = ("a dict, one rank's generators (rng_state())" if isinstance(rng, dict)
+           else f"a {type(rng).__name__}" + (f" of {len(rng)}" if isinstance(rng, (list, tuple)) else ""))
+    raise TypeError(f'the checkpoint\'s "rng" is {got}; restore expects a list, one entry per rank '
+                    f"({info.world_size}), rank r taking entry r: save gather(rng_state())")
 
 
 def fingerprint(module: nn.Module) -> str:
