@@ -19,7 +19,7 @@ engine and the registry (widgets, plots, the logger) load on first use.
 from .course.exercise import try_fix
 from .course.registry import get_lesson, get_scenario
 from .course.source import show
-from .doctor import doctor  # the function; the package stays importable as ddp_lab.doctor.*
+from . import doctor  # the package, callable as its function doctor(): see doctor/__init__.py
 from .launching import (DistributedRunError, ErrorInfo, LaunchInterrupted, RankInfo, RankResult,
                         RunResult, ddp_kwargs, device, launch, prewarm, rank_info, restart_clock,
                         sanitize)

@@ -14,7 +14,10 @@ never a lesson (the lessons a finding points to are named by number).
 """
 from __future__ import annotations
 
+import inspect
+import sys
 import time
+import types
 from typing import Callable
 
 from .inputs import DoctorBug, DoctorInputError
@@ -191,3 +194,17 @@ def _dedupe(findings: list[Finding]) -> list[Finding]:
             seen.add(key)
             out.append(f)
     return out
+
+
+class _CallablePackage(types.ModuleType):
+    """This package, callable as the function `doctor`: `ddp_lab` exports the package itself,
+    so `from ddp_lab import doctor; doctor(Net, x)` and `ddp_lab.doctor(Net, x)` call the
+    function, and `import ddp_lab.doctor.sharded as s` finds the submodule (when `ddp_lab.doctor`
+    was the function, Python's `import a.b.c as x` read `.sharded` off the function and failed)."""
+
+    def __call__(self, *args, **kwargs) -> Report:
+        return doctor(*args, **kwargs)
+
+
+__signature__ = inspect.signature(doctor)  # what help() and Jupyter's `doctor?` show for a call
+sys.modules[__name__].__class__ = _CallablePackage
