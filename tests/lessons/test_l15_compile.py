@@ -153,3 +153,15 @@ def test_figure_shows_every_rank_per_panel(runs):
     ragged = results["ranks_compile_different_graphs"]["broken"]
     assert list(fig.axes[2].get_lines()[1].get_xdata()) == [0]  # rank 0 compiled once, at step 0
     assert ragged.values[1]["compile_s"][1] > 0  # when rank 1 compiled again
+
+
+def test_compiler_collectives_fail_to_compile_on_a_gloo_group():
+    """Going further's claim, torch 2.13: a "gloo" group serves CPU and CUDA, two device types,
+    and dynamo's compiler collectives want one (torch/_dynamo/output_graph.py:2573-2583): the
+    assertion's own message fails to format, on every rank. When this changes, so does the text."""
+    from ddp_lab.lessons.l15_compile import runs_wrapper
+
+    result = launch(runs_wrapper.compiler_collectives, timeout=l15.TIMEOUT)
+    for r in result.ranks:
+        assert r.error is not None and r.error.type == "InternalTorchDynamoError", r.error
+        assert "TypeError: sequence item 0: expected str instance, torch.device found" in r.error.message

@@ -74,7 +74,13 @@ def _compiled_run(build, batches, dynamic=None, **ddp_options) -> dict:
 def train_buckets(optimize_ddp: bool = True, steps: int = 2, bucket_cap_mb: float = 1.0) -> dict:
     """A `Tower` under DDP (`bucket_cap_mb`: two or more gradient buckets) and torch.compile.
     A comm hook notes, when DDP launches bucket 0's all-reduce, how many compiled backward
-    graphs have run: with one graph, all of backward is over before the first all-reduce."""
+    graphs have run: with one graph, all of backward is over before the first all-reduce.
+
+    `bucket_cap_mb` below 1 fails compiled (AssertionError): DDPOptimizer's own first piece is
+    1 MiB (torch/_dynamo/convert_frame.py:2606 builds it without `first_bucket_cap`, so
+    torch/_dynamo/backends/distributed.py:456-467 takes _DEFAULT_FIRST_BUCKET_BYTES and refuses
+    a cap below it); DDP's own first bucket is `bucket_cap_mb` itself
+    (torch/nn/parallel/distributed.py:108)."""
     dev = device()
     torch.compiler.reset()
     torch.manual_seed(0)

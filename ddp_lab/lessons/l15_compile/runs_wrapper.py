@@ -1,13 +1,15 @@
 """Lesson 15, going further: what compiling the DDP wrapper itself does on torch 2.13.
 
-DDP's forward breaks dynamo's graph on its own (its logger, torch/nn/parallel/distributed.py
-`_pre_forward`; its `_inside_ddp_forward` context manager, marked skip), so the module inside
-is compiled as a frame of its own -- and a frame whose code is torch.nn's (an `nn.Sequential`)
+DDP's forward breaks dynamo's graph on its own (its C++ logger, called in `_pre_forward` on every
+forward with grad on: torch/nn/parallel/distributed.py:1757, the same in 2.14.1; DDP's Python, so
+on any backend and build; its `_inside_ddp_forward` context manager, marked skip), so the module
+inside is compiled as a frame of its own -- and a frame whose code is torch.nn's (an `nn.Sequential`)
 is skipped when it starts a frame (torch/_dynamo/trace_rules.py `check_file`: torch.nn is
 inlined only when called from traced code)."""
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ...instruments.compilewatch import CompileWatch
@@ -51,3 +53,19 @@ def compile_container(container: bool = True) -> dict:
             run(torch.randn(8, 256, device=dev)).pow(2).mean().backward()
             watch.step()
     return {"graphs": len(watch.graphs), "ops": sum(map(len, watch.graphs))}
+
+
+def compiler_collectives() -> dict:
+    """One compiled DDP step (a small Tower) with dynamo's compiler collectives on
+    (`torch._dynamo.config.enable_compiler_collectives`) on this rank's process group. torch 2.13
+    wants a group of one device type (torch/_dynamo/output_graph.py:2573-2583): a "gloo" group
+    serves CPU and CUDA (torch/distributed/distributed_c10d.py:312), so compiling raises."""
+    from torch._dynamo import config
+
+    dev = device()
+    torch.compiler.reset()
+    torch.manual_seed(0)
+    with config.patch(enable_compiler_collectives=True):
+        model = torch.compile(DDP(Tower(depth=2).to(dev), **ddp_kwargs(dev)), backend="aot_eager")
+        model(torch.randn(8, 256, device=dev)).pow(2).mean().backward()
+    return {"device_types": [d.type for d in dist.group.WORLD._device_types]}
