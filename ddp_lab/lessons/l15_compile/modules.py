@@ -85,7 +85,7 @@ class TokenNet(nn.Module):
 class LoggedBlock(nn.Module):
     """Broken under torch.compile: a checkpointed MLP that keeps its hidden activation for
     logging from INSIDE the checkpointed function. Dynamo refuses the side effect inside the
-    checkpoint ("HOP: Unsafe side effect") and runs the block uncompiled."""
+    checkpoint (a graph break) and runs the block uncompiled."""
 
     def __init__(self, width: int = WIDTH):
         super().__init__()
