@@ -98,11 +98,9 @@ def render(doc: Doc, repository: str | None = None) -> tuple[str, list[tuple[str
                 return f'<span class="ddp-nolink">{text}</span>'
             return super().link(text, href, title)
 
-        def table(self, text):
-            return f'<div class="ddp-scroll">{super().table(text)}</div>\n'
-
     md = mistune.create_markdown(renderer=Renderer(escape=False), plugins=["table", "strikethrough"])
-    return md(doc.text), toc
+    body = re.sub(r"<table>.*?</table>", lambda m: f'<div class="ddp-scroll">{m.group(0)}</div>', md(doc.text), flags=re.S)
+    return body, toc
 
 
 def toc_html(toc: list[tuple[str, str]]) -> str:
