@@ -166,6 +166,22 @@ def test_stuck_ranks_are_named_by_their_stacks(runs):
     assert [_collective_of(r.stack) for r in run.ranks] == ["barrier", None]
 
 
+def test_the_shared_file_lives_in_a_private_folder_with_an_unguessable_name(tmp_path):
+    """Rank 0 makes its folder with mkdtemp (issue 38, point 16): 0700, a random name. The hung
+    variant leaves it behind, empty (its ranks are killed before they reach the cleanup); the
+    fixed one removes it."""
+    env = {"TMPDIR": str(tmp_path)}  # read by tempfile in a fresh interpreter: plain spawn
+    launch(l06.prepare_then_share, barrier_first=False, env=env, start_method="spawn",
+           timeout=60).raise_for_status()
+    ours = lambda: list(tmp_path.glob("ddp-lab-l06-*"))  # noqa: E731 (torch keeps its caches there too)
+    assert ours() == []
+    hung = launch(l06.prepare_then_share, barrier_first=True, env=env, start_method="spawn", timeout=3)
+    assert hung.status == "timeout"
+    (left,) = ours()
+    assert re.fullmatch(r"ddp-lab-l06-[\w]{8}", left.name) and (left.stat().st_mode & 0o777) == 0o700
+    assert list(left.iterdir()) == []
+
+
 def test_token_batches_hold_eos_only_on_the_bad_rank_and_step():
     assert (l06.token_batch(1, 1, bad_rank=1) == l06.EOS).sum() == 1
     assert (l06.token_batch(0, 1, bad_rank=1) == l06.EOS).sum() == 0

@@ -164,13 +164,14 @@ def prepare_then_share(barrier_first: bool = True) -> dict:
     waits at a barrier "until everyone is ready" while the others wait for the file before
     joining the barrier; without, rank 0 writes, then every rank meets at the barrier."""
     info = rank_info()
-    box = [os.path.join(tempfile.gettempdir(), f"ddp-lab-l06-{time.time_ns()}") if info.is_main else None]
+    # mkdtemp: a new folder only this user can open, under a name nobody can guess (a shared
+    # /tmp lets anyone create a folder or link at a predictable name before rank 0 does)
+    box = [tempfile.mkdtemp(prefix="ddp-lab-l06-") if info.is_main else None]
     dist.broadcast_object_list(box)
     path = os.path.join(box[0], "data.pt")
     if info.is_main:
         if barrier_first:
             dist.barrier()
-        os.makedirs(box[0], exist_ok=True)
         torch.save(torch.arange(6.0), path)
         if not barrier_first:
             dist.barrier()
