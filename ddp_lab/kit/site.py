@@ -61,8 +61,8 @@ def top_bar(here: str, depth: int, docs: list[Doc], repository: str | None, less
     """The sticky bar of every page: the course, the README, the glossary, the repository, and on
     a lesson page its neighbours. `depth` is how many folders below OUT the page is."""
     up = "../" * depth
-    links = [("index.html", "ddp-lab"), ("readme.html", "README")]
-    links += [(d.page, "glossary") for d in docs if d.repo_path == "docs/glossary.md"]
+    named = {"README.md": "README", "docs/glossary.md": "glossary"}  # those the folder has
+    links = [("index.html", "ddp-lab"), *((d.page, named[d.repo_path]) for d in docs if d.repo_path in named)]
     items = [f'<a href="{up}{href}"{" class=ddp-here" if href == here else ""}>{text}</a>'
              for href, text in links]
     if lessons is not None:
@@ -133,6 +133,8 @@ def index_page(lessons: list[LessonNotebook], words: dict[str, str], docs: list[
     pages = "".join(f'<li><a href="{d.page}">{_inline(d.title)}</a></li>' for d in docs)
     where = (f'<a href="{html.escape(repository)}">its repository</a>' if repository
              else "its repository")
+    more = ('More in the <a href="readme.html#quickstart">README\'s quickstart</a>.'
+            if any(d.repo_path == "README.md" for d in docs) else "")
     main = ("<h1>ddp-lab</h1>"
             "<p>An executable course on the errors people hit when they put their own "
             "<code>nn.Module</code> into PyTorch distributed training. Every page is a notebook as "
@@ -141,11 +143,11 @@ def index_page(lessons: list[LessonNotebook], words: dict[str, str], docs: list[
             "(Python 3.10+, Linux or macOS; the first command takes a few minutes):</p>"
             f"<pre><code>{html.escape(RUN_IT)}</code></pre><p>and open the lessons in order. "
             "The panels and exercises need a running notebook: here they show what they printed. "
-            'More in the <a href="readme.html#quickstart">README\'s quickstart</a>.</p>'
+            + more + "</p>"
             "<h2 id='lessons'>The lessons</h2><div class='ddp-scroll'><table class='ddp-lessons'><thead><tr><th>id</th>"
             "<th>lesson</th><th>what goes wrong</th><th>try it in the notebook</th></tr></thead>"
             f"<tbody>{rows}</tbody></table></div>"
-            f"<h2 id='docs'>Beside the lessons</h2><ul>{pages}</ul>")
+            + (f"<h2 id='docs'>Beside the lessons</h2><ul>{pages}</ul>" if pages else ""))
     return _page("ddp-lab: the course", top_bar("index.html", 0, list(docs), repository), main, "ddp-index")
 
 
