@@ -123,6 +123,21 @@ def output_bytes_per_step(collectives, steps, rank: int | str = "?") -> list[int
             for cs in step_collectives(collectives, steps, rank)]
 
 
+def _runs(counts: list[str], shortest: int = 4) -> str:
+    """Counts per step, a run of `shortest` or more equal ones written once: "0 in each of 40
+    steps" when every step has the same count, "1 3 2x5 1" within a row (40 zeros read as noise)."""
+    if len(counts) >= shortest and len(set(counts)) == 1:
+        return f"{counts[0]} in each of {len(counts)} steps"
+    out, i = [], 0
+    while i < len(counts):
+        j = i
+        while j < len(counts) and counts[j] == counts[i]:
+            j += 1
+        out += [f"{counts[i]}x{j - i}"] if j - i >= shortest else counts[i:j]
+        i = j
+    return " ".join(out)
+
+
 class CostReport:
     """Per rank: peak resident memory, resident memory over the marked steps, the largest child
     process, and collectives per step. Text in a terminal, a table in Jupyter. Memory figures
@@ -155,7 +170,7 @@ class CostReport:
     def _cells(row: dict) -> list[str]:
         def mb(v):
             return "-" if v is None else f"{v:.0f} MiB"
-        counts = " ".join("?" if c is None else str(c) for c in row["collectives_per_step"])
+        counts = _runs(["?" if c is None else str(c) for c in row["collectives_per_step"]])
         rss = f"{mb(row['rss_first_mb'])} -> {mb(row['rss_last_mb'])}" if row["steps"] else "-"
         return [f"rank {row['rank']}", mb(row["peak_mb"]), str(row["steps"]), rss,
                 mb(row["step_growth_mb"]), mb(row["child_private_mb"]), counts or "-"]

@@ -194,3 +194,13 @@ def test_ddp_lab_run_shows_what_the_ranks_cost(capsys):
     out = capsys.readouterr().out
     assert "costs per rank (18/unasked_collectives fixed, world_size=2)" in out
     assert out.count("collectives per step 1 3 1 2 1 1 1 2") == 2  # both ranks, by step
+
+
+def test_counts_per_step_write_a_long_run_once():
+    # lesson 18's worker_copies printed 40 zeros as "collectives per step" (issue 38, point 14)
+    from ddp_lab.launching.costs import _runs
+
+    assert _runs(["0"] * 40) == "0 in each of 40 steps"
+    assert _runs("1 3 2 2 2 2 2 1".split()) == "1 3 2x5 1"
+    assert _runs("1 3 1 2 1 1 1 2".split()) == "1 3 1 2 1 1 1 2"  # runs of 3 stay as they are
+    assert _runs(["?", "?"]) == "? ?" and _runs([]) == ""
