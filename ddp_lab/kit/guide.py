@@ -8,7 +8,7 @@ import math
 import re
 
 from .coursebook import WORDS_PER_MINUTE, LessonNotebook, tags
-from .guide_text import GPU_NODE, MACHINE_PROBLEMS, NO_QUESTIONS, QUESTIONS
+from .guide_text import GPU_NODE, MACHINE_PROBLEMS, NO_QUESTIONS, QUESTIONS, SHARED_NODE
 
 SHORT_FIRST = ("00", "01", "03", "06", "11")  # the 90-minute path: launch, sync, hang, debug, tool
 SOLO_TIME = 5  # minutes attendees get for a lesson's "try it yourself"
@@ -138,4 +138,5 @@ def render_guide(lessons: list[LessonNotebook]) -> str:
     lines += ["## Machine problems", "", "| problem | what attendees see | fix |", "|---|---|---|"]
     lines += [f"| {p} | {s} | {f} |" for p, s, f in MACHINE_PROBLEMS]
     lines += ["", "## On a GPU node (`backend=\"nccl\"`)", "", GPU_NODE]
+    lines += ["## On a shared node", "", SHARED_NODE]
     return "\n".join(lines)

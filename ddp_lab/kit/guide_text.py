@@ -173,3 +173,36 @@ The same notebooks run on a GPU node with NCCL; nothing in them is CPU-only.
   run the notebooks as lessons, not under `pytest --nbval`.
 - `ddp-lab check` on the node reports the CUDA build and the number of GPUs.
 """
+
+SHARED_NODE = """\
+Every attendee a user of one machine: what separates them, and what does not. Run `ddp-lab
+check` as each attendee: its `users` line warns when other users are on the machine.
+
+What is theirs alone:
+- Each launch keeps its specs (the pickled function and arguments each rank loads), the ranks'
+  output and their stacks in a folder made by `tempfile.mkdtemp`: mode 0700, owned by the
+  attendee, under a name nobody can guess, removed when the launch ends. The lessons that write
+  files (06, 09, 13, 16, 17) and `watch` put them in such folders too.
+- The notebook talks to its fork server over a socketpair: no file, no port.
+- Each attendee starts their own JupyterLab, which asks for its token.
+
+What is shared:
+- The rendezvous store. A launch hosts torch's `TCPStore` on 127.0.0.1, on a port the kernel
+  picks: not reachable from another machine, and never the same port twice at once, but any
+  user of this machine can connect to it, and the store has no password (torch 2.13's `TCPStore`
+  takes none). Someone who finds the port (every user sees which ports listen) can read and
+  write a running job's keys: make a lesson's run fail or hang, or see what the ranks exchange
+  through the store (the course puts nothing private there). Fine for a workshop of people who trust each other; not
+  a place for private data or models.
+- gloo's own connections between the ranks. Each rank listens on a port the kernel picks, at
+  the address the machine's host name resolves to (loopback only when the name does not
+  resolve): on a node whose name resolves to its network address, other machines can reach
+  them too. `export GLOO_SOCKET_IFNAME=lo` before starting JupyterLab keeps them on loopback
+  (the ranks inherit the environment).
+- The cores and the memory. The launcher gives each rank `cores // world size` threads of the
+  whole machine, not of an attendee's share: twenty attendees running two ranks each make every
+  run slower (never different), and lesson 18's timings vary the most. Limit each attendee's
+  cores (cgroups, `taskset`) or stagger the runs.
+- The GPUs. Rank r uses `cuda:r`, so every attendee's rank 0 lands on GPU 0: give each
+  attendee their own `CUDA_VISIBLE_DEVICES` before JupyterLab starts.
+"""

@@ -4,11 +4,16 @@ One line per check; exit status 0 only when every check passes. It checks what t
 Python, the torch release and build, that two real ranks launch (and how long that took), that
 DeepSpeed's C++ op is built and loads with this torch and Python (lesson 12's ranks refuse to
 compile it; when it is not built, whether gcc/g++ and the Python headers are here to build it),
-and that JupyterLab and ipywidgets are installed, and importable by the notebook kernel.
+and that JupyterLab and ipywidgets are installed, and importable by the notebook kernel. On a
+shared machine it warns (without failing) when other users are on it: the ranks' rendezvous
+store has no password (the instructor guide, "On a shared node", says what that means).
 """
 from __future__ import annotations
 
 from importlib import metadata
+import os
+import pwd
+import struct
 import subprocess
 import sys
 import time
@@ -27,10 +32,13 @@ class Item:
     ok: bool
     detail: str
     fix: str = ""
+    warn: bool = False  # passes, but says something to mind (with `fix` as the advice)
 
     def line(self) -> str:
-        text = f"{'ok  ' if self.ok else 'FAIL'}  {self.name:<12} {self.detail}"
-        return text + (f"\n      fix: {self.fix}" if not self.ok and self.fix else "")
+        mark = "FAIL" if not self.ok else "warn" if self.warn else "ok  "
+        text = f"{mark}  {self.name:<12} {self.detail}"
+        return text + (f"\n      {'fix' if not self.ok else 'note'}: {self.fix}"
+                       if (not self.ok or self.warn) and self.fix else "")
 
 
 def _release(version: str) -> tuple[int, ...]:
@@ -167,9 +175,78 @@ def notebook_kernel() -> Item:
     return Item("kernel", True, f"{name!r} ({python}) has {', '.join(KERNEL_IMPORTS)}")
 
 
+# glibc's utmp record (Linux, 64 and 32 bit alike): type, pid, line, id, user, host, exit
+# status, session, time, address, reserved: 384 bytes. USER_PROCESS marks a login session.
+UTMP = struct.Struct("hi32s4s32s256shhiii4i20s")
+USER_PROCESS = 7
+UTMP_PATHS = ("/run/utmp", "/var/run/utmp")
+
+
+def utmp_users(paths=UTMP_PATHS) -> set[str]:
+    """Who has a login session, as `who` reads it from utmp; empty where there is no utmp (a
+    container often has none)."""
+    for path in paths:
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except OSError:
+            continue
+        records = (UTMP.unpack_from(data, at) for at in range(0, len(data) - UTMP.size + 1, UTMP.size))
+        return {r[4].split(b"\0")[0].decode(errors="replace") for r in records
+                if r[0] == USER_PROCESS and r[4].strip(b"\0")}
+    return set()
+
+
+def process_owners(proc: str = "/proc") -> set[int]:
+    """The uids that own a process here, from /proc (it also sees users of a container or a
+    batch job, who have no utmp entry; mounted with hidepid it shows this user's only)."""
+    owners = set()
+    for entry in os.listdir(proc) if os.path.isdir(proc) else ():
+        if entry.isdigit():
+            try:
+                owners.add(os.stat(os.path.join(proc, entry)).st_uid)
+            except OSError:  # the process ended meanwhile
+                pass
+    return owners
+
+
+def _uid_min(path: str = "/etc/login.defs") -> int:
+    """The lowest uid of a person's account (system services run below it); 1000 by default."""
+    try:
+        for line in open(path, encoding="utf-8", errors="replace"):
+            if line.split()[:1] == ["UID_MIN"]:
+                return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return 1000
+
+
+def _name(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"
+
+
+def other_users(logged_in=utmp_users, owners=process_owners) -> Item:
+    """Warn when other people use this machine: logged in (utmp), or running processes under
+    an account of their own (uid >= UID_MIN, not nobody)."""
+    me = os.getuid()
+    people = {u for u in owners() if u >= _uid_min() and u != me and u != 65534}
+    names = sorted((logged_in() - {_name(me)}) | {_name(u) for u in people})
+    if not names:
+        return Item("users", True, "no other user on this machine (logins in utmp, process owners in /proc)")
+    return Item("users", True, f"{len(names)} other user(s) on this machine: {', '.join(names[:8])}"
+                + (", ..." if len(names) > 8 else ""),
+                "the ranks' store listens on 127.0.0.1 without a password, and any user here can "
+                "reach it: fine for a workshop, not for private data (the instructor guide, "
+                "INSTRUCTOR.md: On a shared node)",
+                warn=True)
+
+
 ITEMS: tuple[Callable[[], Item], ...] = (
     python_version, torch_build, two_ranks, deepspeed_op,
-    lambda: installed("jupyterlab"), lambda: installed("ipywidgets"), notebook_kernel,
+    lambda: installed("jupyterlab"), lambda: installed("ipywidgets"), notebook_kernel, other_users,
 )
 
 

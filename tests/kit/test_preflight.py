@@ -1,4 +1,5 @@
 """`ddp-lab check`: the attendees' pre-flight check."""
+import os
 import sys
 
 from ddp_lab.kit import preflight
@@ -9,8 +10,9 @@ def test_check_passes_here_with_one_line_per_check(capsys):
     assert main(["check"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert [l.split()[1] for l in lines[:-1]] == ["python", "torch", "two", "deepspeed", "jupyterlab", "ipywidgets",
-                                                  "kernel"]
-    assert all(l.startswith("ok") for l in lines[:-1]) and lines[-1].startswith("all checks passed")
+                                                  "kernel", "users"]
+    # "users" warns where other people use this machine (it never fails the check)
+    assert all(l.startswith(("ok", "warn")) for l in lines[:-1]) and lines[-1].startswith("all checks passed")
     assert "all_reduce gave 3.0 on both, in" in lines[2]
 
 
@@ -86,3 +88,39 @@ def test_an_op_that_does_not_load_with_this_torch_is_named(tmp_path, monkeypatch
     result = preflight.deepspeed_op()
     assert not result.ok and "does not load with this torch/Python" in result.detail
     assert result.fix == f"rm -r {tmp_path / 'deepspeed_shm_comm'} && ddp-lab build-ops"
+
+
+def _utmp(tmp_path, *sessions):
+    """A utmp file holding one record per (type, user)."""
+    path = tmp_path / "utmp"
+    path.write_bytes(b"".join(preflight.UTMP.pack(kind, 100 + i, b"pts/0", b"ts/0", user.encode(),
+                                                  b"", 0, 0, 0, 0, 0, 0, 0, 0, 0, b"")
+                              for i, (kind, user) in enumerate(sessions)))
+    return str(path)
+
+
+def test_utmp_is_read_as_who_reads_it(tmp_path):
+    assert preflight.UTMP.size == 384  # glibc's struct utmp on Linux
+    path = _utmp(tmp_path, (preflight.USER_PROCESS, "alice"), (8, "bob"), (preflight.USER_PROCESS, "carol"))
+    assert preflight.utmp_users([str(tmp_path / "none"), path]) == {"alice", "carol"}  # bob's session ended
+    assert preflight.utmp_users([str(tmp_path / "none")]) == set()  # a container without utmp
+
+
+def test_other_users_are_a_warning_from_utmp_or_from_process_owners(monkeypatch):
+    me = preflight._name(os.getuid())
+    alone = preflight.other_users(lambda: {me}, lambda: {0, os.getuid(), 65534})
+    assert alone.ok and not alone.warn and alone.line().startswith("ok    users        no other user")
+    logged_in = preflight.other_users(lambda: {me, "alice"}, lambda: {os.getuid()})
+    assert logged_in.ok and logged_in.warn and "1 other user(s) on this machine: alice" in logged_in.detail
+    # no utmp (a container): the owners of processes still show who is here; system uids do not
+    monkeypatch.setattr(preflight, "_uid_min", lambda: 1000)
+    owners = preflight.other_users(set, lambda: {0, 999, os.getuid(), 4242424})
+    assert owners.warn and owners.detail.endswith(": uid 4242424")
+    assert owners.line().splitlines()[0].startswith("warn  users")
+    assert "without a password" in owners.line().splitlines()[1] and "On a shared node" in owners.fix
+    printed = []
+    assert preflight.preflight([lambda: owners], out=printed.append) == 0  # a warning passes
+
+
+def test_process_owners_reads_proc():
+    assert os.getuid() in preflight.process_owners()  # this process, at least

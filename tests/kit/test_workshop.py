@@ -77,6 +77,15 @@ def test_the_guide_has_agendas_from_measured_figures_and_the_day_s_problems(kit)
                    'backend="nccl"', "**Q:**", "Live demo:", "Attendees alone:", "`ddp-lab check`",
                    "`ddp-lab build-ops`", "OpBuildError", "C++ compiler", "Python headers", "g++ python3-dev"):
         assert needed in guide, needed
+
+
+def test_the_guide_says_what_a_shared_node_isolates_and_what_it_does_not(kit):
+    guide = (kit / "INSTRUCTOR.md").read_text()
+    shared = guide.split("## On a shared node", 1)[1]
+    for needed in ("`tempfile.mkdtemp`: mode 0700", "socketpair", "`TCPStore` on 127.0.0.1",
+                   "no password", "GLOO_SOCKET_IFNAME=lo", "`cores // world size`",
+                   "CUDA_VISIBLE_DEVICES", "`users` line warns"):
+        assert needed in shared, needed
     # 98: 13 words off the `deeper` and `solution` cells; three code cells recorded 2.5 s each
     # (7.5 s); 0.1 min reading + 2 x 7.5 s + 5 min alone -> a 10-minute slot
     assert "| 98 · A tagged lesson | 13 | 0 | 8 | 2026-01-01 00:00 | 10 |" in guide
