@@ -140,3 +140,22 @@ def test_every_relative_link_of_the_readme_and_docs_resolves():
                 assert anchor[1:] in _anchors(ROOT / path), f"{doc.repo_path} links {href}: no such heading"
             checked += 1
     assert checked > 20, checked  # the lesson table alone has 19
+
+
+def test_the_watch_example_finds_what_the_pages_say(monkeypatch, capsys):
+    """The runnable watch command, as shown, exits 1 with every finding the sentence after it
+    names ("It exits 1 with four findings: `a`, `b`, ...")."""
+    shown = 0
+    for doc in DOCS:
+        said = re.search(r"```bash\n(ddp-lab watch examples/[^\n]+)\n```\s+It exits 1 with (\w+) findings: (.+?);? ?[(.]",
+                         doc.text, re.S)
+        if said is None:
+            continue
+        names = re.findall(r"`([a-z-]+)`", said.group(3))
+        assert len(names) == ["one", "two", "three", "four", "five"].index(said.group(2)) + 1, names
+        monkeypatch.chdir(ROOT)
+        code = main(shlex.split(said.group(1))[1:])
+        out = capsys.readouterr().out
+        assert code == 1 and all(name in out for name in names), (doc.repo_path, names, out)
+        shown += 1
+    assert shown >= 1, "no page shows the runnable watch example and what it finds"
