@@ -89,7 +89,8 @@ class Expect:
             value = self._metric_value(result)
         except (KeyError, TypeError, ValueError, IndexError):
             return []
-        where = " (the largest over the ranks)" if self.metric_rank is None else f" on rank {self.metric_rank}"
+        where = (" (the largest over the ranks)" if self.metric_rank is None
+                 else f" on rank {self.metric_rank}")
         bounds = ([f"> {self.above:g}"] if self.above is not None else []) + \
                  ([f"< {self.below:g}"] if self.below is not None else [])
         return [f"{self.metric} = {value:.4g}{where}; declared {' and '.join(bounds)}"]
@@ -184,7 +185,7 @@ def _check_words(check: Callable) -> str:
     closure, a functools.partial), else the first sentence of its docstring (or its maker's)."""
     func = getattr(check, "func", check)  # a functools.partial: the function it binds
     qualname = getattr(func, "__qualname__", type(func).__name__)  # maker.<locals>.check
-    name = qualname.rsplit(".<locals>.", 1)[0].split(".<locals>.")[-1] if ".<locals>." in qualname else qualname
+    name = qualname.rsplit(".<locals>.", 1)[0].split(".<locals>.")[-1]  # the innermost maker
     given = dict(getattr(check, "keywords", None) or {})
     if check is func and hasattr(func, "__code__"):
         given = {k: c.cell_contents for k, c in zip(func.__code__.co_freevars, func.__closure__ or ())}
