@@ -7,13 +7,19 @@ import sys
 
 import pytest
 
-FORMS = {
-    "import as": "import ddp_lab.doctor.sharded as s; assert s.__name__ == 'ddp_lab.doctor.sharded'",
-    "import": "import ddp_lab.doctor.sharded; assert ddp_lab.doctor.sharded.sharded_findings",
-    "from import": "from ddp_lab.doctor import sharded; assert sharded.sharded_findings",
-    "watch, import as": "import ddp_lab.doctor.watch.rank as r; assert r.__name__ == 'ddp_lab.doctor.watch.rank'",
-    "watch after ddp_lab.watch": "import ddp_lab; ddp_lab.watch; import ddp_lab.doctor.watch.checks as c",
-    "the package": "import ddp_lab.doctor as d; from ddp_lab import doctor; assert d is doctor and d.Report",
+import ddp_lab.doctor as package
+from ddp_lab.doctor import sharded
+from ddp_lab.doctor.watch import checks, rank
+
+SHARDED, RANK, CHECKS, PACKAGE = sharded.__name__, rank.__name__, checks.__name__, package.__name__
+TOP = PACKAGE.split(".")[0]
+FORMS = {  # written from the modules' names (tests/test_paths_of_ours.py)
+    "import as": f"import {SHARDED} as s; assert s.__name__ == {SHARDED!r}",
+    "import": f"import {SHARDED}; assert {SHARDED}.sharded_findings",
+    "from import": f"from {PACKAGE} import sharded; assert sharded.sharded_findings",
+    "watch, import as": f"import {RANK} as r; assert r.__name__ == {RANK!r}",
+    "watch after the top's watch": f"import {TOP}; {TOP}.watch; import {CHECKS} as c",
+    "the package": f"import {PACKAGE} as d; from {TOP} import doctor; assert d is doctor and d.Report",
 }
 
 
