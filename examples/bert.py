@@ -1,4 +1,4 @@
-"""A BERT-style encoder for the README's doctor example (`ddp-lab doctor bert.py:Encoder ...`).
+"""A BERT-style encoder for the doctor's example in docs/doctor.md (`ddp-lab doctor bert.py:Encoder ...`).
 
 It returns (token logits, pooled output), as BERT does. Trained with a masked-LM loss on the token
 logits alone, its pooler gets no gradient: under DDP's defaults that is the "unused parameters"

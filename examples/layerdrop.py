@@ -1,5 +1,5 @@
 """An encoder with LayerDrop (fairseq's: each layer skipped at random while training), for the
-README's doctor example (`ddp-lab doctor layerdrop.py:Encoder ... --ddp find_unused_parameters=True`).
+doctor's example in docs/doctor.md (`ddp-lab doctor layerdrop.py:Encoder ... --ddp find_unused_parameters=True`).
 
 Each rank draws its own layers to skip, so the parameters that get no gradient differ by rank
 and by step: under DDP's defaults that is an error, and under `find_unused_parameters=True`

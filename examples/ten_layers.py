@@ -1,4 +1,4 @@
-"""A plain 10-layer MLP, the README's doctor timing example
+"""A plain 10-layer MLP, the doctor's timing example (docs/measured.md)
 (`time ddp-lab doctor ten_layers.py:TenLayers --input "torch.randn(32, 64)"`): nothing wrong
 with it, so the doctor finds nothing, and its wall time is the doctor's own cost."""
 import torch

@@ -1,5 +1,5 @@
 """tools/upgrade_check.py without installing another torch (that takes minutes and gigabytes:
-the README's "Running the course on a new PyTorch" quotes a real run): its report from records,
+docs/upgrading.md, "Running the course on a new PyTorch", quotes a real run): its report from records,
 and its refusal when there are none."""
 import json
 import subprocess

@@ -91,7 +91,7 @@ def launch(fn: Callable, *args, world_size: int = 2, backend: str = "auto",
     taken by `launch`; bind such an argument first: `launch(functools.partial(fn, timeout=3))`.
     """
     # torch records every collective by default (TORCH_FR_BUFFER_SIZE, 2000 entries; 0: off):
-    # each rank dumps its record for every launch, into `collectives` (flight.py; README).
+    # each rank dumps its record for every launch, into `collectives` (flight.py; docs/launching.md).
     timeout = DEFAULT_TIMEOUT if timeout is None else timeout
     _validate_args(fn, world_size, timeout, env, start_method, grace)
     if native_stacks:

@@ -5,7 +5,7 @@ training loss ignores an output (a pooler, auxiliary heads).
 torchvision and transformers do not install beside torch 2.13.0+cpu here, so the zoo is made of
 small faithful re-creations (the same layer types and wiring); the real models run too where
 those packages import (skipped with the reason otherwise). `python tests/doctor/test_doctor_zoo.py`
-prints the doctor's wall time per model (the README's table)."""
+prints the doctor's wall time per model (docs/doctor.md's table)."""
 import time
 
 import pytest
@@ -250,7 +250,7 @@ def test_real_transformers_models():
     assert {f.code for f in report.errors} == {"unused-parameters"}, report.text()
 
 
-if __name__ == "__main__":  # the README's table: the doctor's wall time per model
+if __name__ == "__main__":  # docs/doctor.md's table: the doctor's wall time per model
     doctor(nn.Linear(4, 4), torch.randn(2, 4))  # fork server and the doctor's imports, once
     for name, (model, example, kwargs, _) in ZOO.items():
         start = time.time()

@@ -4,7 +4,7 @@ CUDA; the fork server checks itself after every import and is replaced, with a w
 the module and line, when one initialised CUDA there.
 
 What needs a CUDA build of torch (the pinned one is the CPU build, where nothing can poison a
-fork) skips there with that reason; run this file in an environment with a CUDA build (README,
+fork) skips there with that reason; run this file in an environment with a CUDA build (docs/upgrading.md,
 "Running the course on a new PyTorch") to check it for real, GPU or not."""
 import importlib
 import os
