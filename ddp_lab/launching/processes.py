@@ -160,6 +160,13 @@ class _ForkServer:
 
     def close(self) -> None:
         try:
+            # shutdown, not only close: the reader thread blocked in recv() keeps the socket open
+            # after close(), so the server never saw EOF and every `ddp-lab run` waited the 5 s
+            # below before killing it (measured: 5.00 s; 0.26 s with shutdown)
+            try:
+                self.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
             self.sock.close()
         finally:
             try:

@@ -168,9 +168,14 @@ def test_report_orders_renders_and_serialises():
 
 
 def test_doctor_is_a_function_of_the_package():
-    import ddp_lab
-    import ddp_lab.doctor as function  # `import ddp_lab.doctor` reads the package's attribute
-    from ddp_lab.doctor import cli  # a submodule imported: the attribute stays the function
+    # ddp_lab exports the package itself, callable as the function (issue 38, point 15: when
+    # ddp_lab.doctor was the function, `import ddp_lab.doctor.sharded as s` failed)
+    import inspect
 
-    assert callable(doctor) and ddp_lab.doctor is doctor is function
-    assert doctor.__module__ == cli.__package__  # defined in the package's __init__
+    import ddp_lab
+    import ddp_lab.doctor as package
+    from ddp_lab.doctor import cli  # a submodule imported: the package stays the package
+
+    assert package is ddp_lab.doctor and callable(package) and package.doctor is doctor
+    assert inspect.isfunction(doctor) and doctor.__module__ == package.__name__ == cli.__package__
+    assert inspect.signature(package) == inspect.signature(doctor)
