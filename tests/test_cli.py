@@ -72,8 +72,13 @@ def test_an_extra_check_is_named_in_words_with_its_arguments():
         "ok; the lesson's check workers(above=10)"
     assert Expect("ok", extra=_workers(above=10), condition="each worker grows > 10 MiB").condition_text() \
         == "ok; each worker grows > 10 MiB"
+    def _says(result):
+        return []
+    _says.condition = "rank 0 receives at least 2 MiB a step"
+    assert Expect("ok", extra=_says).condition_text() == "ok; rank 0 receives at least 2 MiB a step"
+    # lesson 18's checks say in words what they hold (issue 38, point 7)
     gather = get_scenario("18", "rank0_gather").broken.expect.condition_text()
-    assert gather == "ok; the lesson's check gathered_to_rank0(gathered=True)"
+    assert gather == "ok; rank 0 receives at least world_size x 2 x 16 MiB a step", gather
 
 
 def test_run_on_a_terminal_shows_progress_and_wraps_at_spaces(tmp_path):

@@ -182,7 +182,10 @@ class Measured:
 
 def _check_words(check: Callable) -> str:
     """An `extra` check in words: its maker's name with the plain arguments it was given (a
-    closure, a functools.partial), else the first sentence of its docstring (or its maker's)."""
+    closure, a functools.partial), else the first sentence of its docstring (or its maker's). A
+    check that says itself what it holds (an attribute `condition`, as lesson 18's do) is read."""
+    if isinstance(getattr(check, "condition", None), str) and check.condition:
+        return check.condition
     func = getattr(check, "func", check)  # a functools.partial: the function it binds
     qualname = getattr(func, "__qualname__", type(func).__name__)  # maker.<locals>.check
     name = qualname.rsplit(".<locals>.", 1)[0].split(".<locals>.")[-1]  # the innermost maker
