@@ -180,3 +180,14 @@ def test_a_broken_scenario_fails_under_torchrun_as_it_does_under_launch(tmp_path
                           capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
     assert "[rank 0] 00/source_example broken: error NameError: name 'nn' is not defined" in proc.stdout
     assert proc.returncode == 0  # the broken variant failed exactly as declared
+
+
+def test_run_says_what_each_scenario_is_before_its_runs(capsys):
+    # 16/simulated_world's RunResult says world_size=1: the title says it simulates 64 ranks
+    # (issue 38, point 8); each scenario's key and title head its runs
+    from ddp_lab.cli import main
+
+    assert main(["run", "00", "rank_exits", "--variant", "fixed"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "00/rank_exits: A rank exits without a Python exception: a crash", out[:3]
+    assert out[1].startswith("RunResult(00/rank_exits fixed: ok")

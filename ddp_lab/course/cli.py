@@ -52,6 +52,9 @@ def run_scenarios(args) -> int:
     with tqdm(total=len(runs), desc=f"lesson {lesson.id}", unit="run", file=sys.stderr,
               disable=not sys.stderr.isatty(), bar_format=_BAR) as bar:
         for scenario, which in runs:
+            if which == variants[0] and not in_torchrun():  # what the scenario is, once: e.g.
+                # 16/simulated_world runs on one real rank and simulates 64 (issue 38, point 8)
+                _emit(bar, f"{scenario.key}: {scenario.title}")
             bar.set_postfix_str(f"{scenario.name} {which}")
             with _ticking(bar):
                 result = scenario.run(which, world_size=args.world_size)
