@@ -1,0 +1,156 @@
+"""Lesson 19: drift nobody reports -- a model changed after DDP wrapped it, a trainer that wraps
+it in one phase and not the next, gradients clipped by a per-rank norm under tensor parallelism,
+an all_gather of per-rank lengths, an async result read before `wait()`. None of them raises an
+error where the harm is done; each is made visible by a measurement across ranks.
+
+`modules` holds the modules, `runs*` what each rank runs, `figures` the pictures."""
+from __future__ import annotations
+
+import math
+
+from ...course.registry import Expect, Lesson, Scenario, Variant
+from .figures import figures
+from .modules import Block, Net
+from .runs import (batch, change, digest, drift, step_through, train_changed, train_phases,
+                   unregistered, watch_batches)
+from .runs_collectives import (gather_objects, gather_own_size, gather_padded, gather_predictions,
+                               predictions, read_async)
+from .runs_tp import MAX_NORM, clip, global_norm, local_norm, train_clipped
+
+__all__ = ["LESSON", "Block", "Net", "batch", "change", "clip", "digest", "drift", "figures",
+           "gather_objects", "gather_own_size", "gather_padded", "gather_predictions",
+           "global_norm", "local_norm", "MAX_NORM", "predictions", "read_async", "step_through",
+           "train_changed", "train_clipped", "train_phases", "unregistered", "watch_batches",
+           "GLOO_SIZE_MISMATCH"]
+
+# gloo's own check (third_party/gloo/gloo/transport/tcp/pair.cc in this build), printed by the
+# rank it aborts: a rank that receives more bytes than its buffer holds. NCCL has no such check:
+# a size-mismatched collective may hang there, or return garbage.
+GLOO_SIZE_MISMATCH = "Received data size doesn't match expected size"
+
+
+def _digests(agree: bool):
+    def extra(result) -> list[str]:
+        seen = result.values[0]["digests_agree"]
+        ok = all(seen) if agree else not any(seen[1:])
+        return [] if ok else [f"parameter digests agree across ranks per step: {seen}"]
+    extra.condition = ("the ranks' parameter digests agree after every step" if agree else
+                       "the ranks' parameter digests differ after every step from the second")
+    return extra
+
+
+def _unregistered(names: list[str]):
+    def extra(result) -> list[str]:
+        found = result.values[0]["unregistered"]
+        return [] if found == names else [f"parameters DDP does not know: {found}, expected {names}"]
+    extra.condition = f"the parameters DDP does not know are {names or 'none'}"
+    return extra
+
+
+def _gloo_abort(result) -> list[str]:
+    """Rank 0 printed gloo's size check before SIGABRT."""
+    r = result.ranks[0]
+    return [] if GLOO_SIZE_MISMATCH in r.stderr else [f"rank 0's stderr lacks {GLOO_SIZE_MISMATCH!r}"]
+
+
+def _every_rank_exact(result) -> list[str]:
+    """Every rank assembled every rank's predictions exactly."""
+    return [f"rank {r.rank}: error {r.value['error']}" for r in result.ranks if r.value["error"] != 0]
+
+
+def _factors_differ(differ: bool):
+    def extra(result) -> list[str]:
+        a, b = (v["factors"] for v in result.values[:2])
+        gap = max(abs(x - y) / y for x, y in zip(a, b))
+        ok = gap > 0.01 if differ else gap == 0
+        return [] if ok else [f"the ranks' clip factors differ by up to {gap:.2%}"]
+    extra.condition = ("the ranks' clip factors differ by more than 1% in some step" if differ
+                       else "the ranks' clip factors are equal in every step")
+    return extra
+
+
+FINISHED_FIRST = Variant(train_changed, Expect("ok", metric="drift", below=1e-9,
+                                               extra=_unregistered([])),
+                         kwargs={"what": "head", "wrap_first": False})
+
+LESSON = Lesson(
+    id="19",
+    title="Drift nobody reports",
+    notebook="19_drift_nobody_reports",
+    error_class="silent divergence across ranks",
+    figures=figures,
+    scenarios=[
+        # measured: 0.08 to 0.10 apart after each of 4 steps (torch 2.13, 2.14.1)
+        Scenario("cast_after_wrapping", "model.double() after DDP(model): the ranks drift apart",
+                 broken=Variant(train_changed, Expect("ok", metric="drift", above=1e-2,
+                                                      extra=_digests(False)),
+                                kwargs={"what": "cast", "wrap_first": True}),
+                 fixed=Variant(train_changed, Expect("ok", metric="drift", below=1e-9,
+                                                     extra=_digests(True)),
+                               kwargs={"what": "cast", "wrap_first": False}),
+                 summary="no error, no warning: the gradients are no longer averaged after the "
+                         "cast; cast (or move) the model first, then wrap it"),
+        Scenario("head_after_wrapping", "A head replaced after wrapping, find_unused_parameters=True",
+                 broken=Variant(train_changed, Expect("ok", metric="drift", above=1e-2,
+                                                      extra=_unregistered(["head.weight", "head.bias"])),
+                                kwargs={"what": "head", "wrap_first": True,
+                                        "find_unused_parameters": True}),
+                 fixed=FINISHED_FIRST,
+                 summary="DDP listed the parameters when it wrapped the model: the new head's "
+                         "gradients are never averaged, and find_unused_parameters=True keeps "
+                         "it silent; finish the model, then wrap"),
+        Scenario("head_after_wrapping_default", "A head replaced after wrapping, default DDP",
+                 broken=Variant(train_changed, Expect("error", "RuntimeError",
+                                                      "Expected to have finished reduction in the "
+                                                      "prior iteration", ranks=(0, 1)),
+                                kwargs={"what": "head", "wrap_first": True}),
+                 fixed=FINISHED_FIRST,
+                 summary="the old head's parameters never get a gradient, so DDP's reducer "
+                         "refuses the second step; finish the model, then wrap"),
+        Scenario("wrapped_some_phases", "Phase 2 trains the bare module, not the DDP wrapper",
+                 broken=Variant(train_phases, Expect("ok", metric="drift", above=1e-2),
+                                kwargs={"wrapped_in_phase_2": False}),
+                 fixed=Variant(train_phases, Expect("ok", metric="drift", below=1e-6),
+                               kwargs={"wrapped_in_phase_2": True}),
+                 summary="a forward through ddp.module (or a model never re-wrapped) runs no "
+                         "all-reduce: each rank steps on its own gradient; train every phase "
+                         "through the wrapper"),
+        Scenario("clip_mixed_dtensor", "clip_grad_norm_ over tensor-parallel and plain parameters",
+                 broken=Variant(train_clipped, Expect("error", "RuntimeError",
+                                                      "got mixed torch.Tensor and DTensor",
+                                                      ranks=(0, 1)),
+                                kwargs={"norm": "clip_grad_norm_"}),
+                 fixed=Variant(train_clipped, Expect("ok", metric="drift", below=1e-9,
+                                                     extra=_factors_differ(False)),
+                               kwargs={"norm": "global"}),
+                 summary="DTensor refuses a norm over DTensor and plain gradients together; "
+                         "compute the global norm yourself (sharded squares all-reduced, "
+                         "replicated ones once)"),
+        Scenario("clip_local_norm", "Clipping each rank by the norm of its own shards",
+                 broken=Variant(train_clipped, Expect("ok", metric="drift", above=1e-4,
+                                                      extra=_factors_differ(True)),
+                                kwargs={"norm": "local"}),
+                 fixed=Variant(train_clipped, Expect("ok", metric="drift", below=1e-9,
+                                                     extra=_factors_differ(False)),
+                               kwargs={"norm": "global"}),
+                 summary="each rank clips by a different factor, so the replicated LayerNorm "
+                         "drifts apart (DeepSpeed issue 1801); clip by the global norm"),
+        Scenario("uneven_all_gather", "all_gather of per-rank lengths into buffers of one's own",
+                 # gloo's behaviour: rank 0 receives more than its buffer holds and gloo aborts
+                 # it (SIGABRT); rank 1 returns with a wrong slot or loses its peer (both seen).
+                 # NCCL has no such check: it may hang or return garbage instead.
+                 broken=Variant(gather_predictions, Expect("crashed", match="SIGABRT", ranks=(0,),
+                                                           extra=_gloo_abort),
+                                kwargs={"how": "own_size"}, timeout=20, grace=2),
+                 fixed=Variant(gather_predictions, Expect("ok", extra=_every_rank_exact),
+                               kwargs={"how": "padded"}),
+                 summary="a collective's sizes must agree on every rank; gather the lengths, "
+                         "pad to the longest, trim (or all_gather_object, which pickles)"),
+        Scenario("read_before_wait", "An async all_reduce read before wait()",
+                 broken=Variant(read_async, Expect("ok", metric="error", above=1)),
+                 fixed=Variant(read_async, Expect("ok", metric="error", below=1e-9),
+                               kwargs={"wait_first": True}),
+                 summary="async_op=True returns at once: the tensor holds the sum only after "
+                         "work.wait(); read it after"),
+    ],
+)

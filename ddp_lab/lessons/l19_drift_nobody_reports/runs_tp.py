@@ -1,0 +1,92 @@
+"""Lesson 19's clipping under tensor parallelism, on each rank. `Block` is split over 2 ranks
+(`up` colwise, `down` rowwise): their parameters become DTensors, each rank holding a shard;
+`norm` is not in the plan and stays a plain Parameter, the same on every rank. Every rank trains
+on the SAME batch (tensor parallelism splits the model, not the data), so `norm`'s gradient is
+the same everywhere and nothing but the clipping can make `norm` drift.
+
+`torch.nn.utils.clip_grad_norm_` over these parameters computes the norms of all gradients in
+one `torch._foreach_norm` call (torch/nn/utils/clip_grad.py:49-95, `_get_total_norm`), and DTensor
+refuses an op that mixes DTensors and plain tensors (torch/distributed/tensor/_dispatch.py:
+817-823, "got mixed torch.Tensor and DTensor")."""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ...instruments.probes import named_drift
+from ...launching.rankinfo import device, rank_info
+from .modules import Block
+
+MAX_NORM, LR = 0.1, 0.5
+
+
+def _local(g):
+    from torch.distributed.tensor import DTensor
+
+    return g.to_local() if isinstance(g, DTensor) else g
+
+
+def is_sharded(t) -> bool:
+    from torch.distributed.tensor import DTensor, Shard
+
+    return isinstance(t, DTensor) and any(isinstance(p, Shard) for p in t.placements)
+
+
+def local_norm(params) -> float:
+    """The "fix" that runs: the norm of the gradients this rank holds (its shards and the
+    replicated ones), different on every rank."""
+    return float(torch.stack([_local(p.grad).pow(2).sum() for p in params]).sum().sqrt())
+
+
+def global_norm(params) -> float:
+    """The norm of the whole model's gradient, the same on every rank: the squares of the
+    sharded gradients are summed over the ranks (one all_reduce), the replicated ones counted
+    once (every rank holds all of them)."""
+    sharded = [_local(p.grad).pow(2).sum() for p in params if is_sharded(p.grad)]
+    whole = [p.grad.pow(2).sum() for p in params if not is_sharded(p.grad)]
+    total = torch.stack(sharded).sum() if sharded else torch.zeros((), dtype=torch.float64)
+    dist.all_reduce(total)
+    return float((total + sum(whole)).sqrt())
+
+
+def clip(params, norm_of) -> float:
+    """Scale every gradient by min(1, MAX_NORM / norm): the clip factor applied."""
+    factor = min(1.0, MAX_NORM / (norm_of(params) + 1e-6))
+    for p in params:
+        p.grad.mul_(factor)
+    return factor
+
+
+CLIPS = {"clip_grad_norm_": lambda params: torch.nn.utils.clip_grad_norm_(params, MAX_NORM),
+         "local": lambda params: clip(params, local_norm),
+         "global": lambda params: clip(params, global_norm)}
+
+
+def train_clipped(norm="global", steps: int = 5) -> dict:
+    """Tensor-parallel training of `Block` on 2 ranks, its gradients clipped by `norm`:
+    "clip_grad_norm_" (PyTorch's, on every parameter), "local" or "global" (`CLIPS`), or your
+    own `norm(params) -> float`, which `clip` then applies. Records
+    the clip factor and how far `norm`'s replicated parameters are apart after each step."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    mesh = DeviceMesh(device().type, list(range(rank_info().world_size)))
+    torch.manual_seed(0)
+    # float64: the drift and the clip factors the notebook prints are then the same to many
+    # digits under any CPU kernel (ATEN_CPU_CAPABILITY); float32 drifts alike
+    model = parallelize_module(Block().to(device(), torch.float64), mesh, Block.tp_plan())
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    params = list(model.parameters())
+    factors, drifts = [], []
+    for step in range(steps):
+        g = torch.Generator().manual_seed(step)  # the same batch on every rank
+        x, y = (torch.randn(16, 8, generator=g, dtype=torch.float64) for _ in range(2))
+        loss = nn.functional.mse_loss(model(x.to(device())), y.to(device()))
+        opt.zero_grad()
+        loss.backward()
+        factors.append(CLIPS[norm](params) if isinstance(norm, str) else clip(params, norm))
+        opt.step()
+        drifts.append(max(named_drift(dict(model.norm.named_parameters())).values()))
+    return {"factors": factors, "drift_per_step": drifts, "drift": drifts[-1],
+            "kinds": {n: type(p).__name__ for n, p in model.named_parameters()}}
