@@ -11,7 +11,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DistributedSampler
 
-from ...launching.rankinfo import rank_info
+from ...launching.rankinfo import ddp_kwargs, device, rank_info
 
 SAMPLES, FEATURES = 256, 8
 GLOBAL_BATCH, LR, SEED = 16, 0.05, 0
@@ -32,7 +32,8 @@ def new_model() -> nn.Linear:
 
 def epoch_loss(model: nn.Module) -> float:
     """The mean squared error over all 256 samples."""
-    x, y = dataset()
+    dev = next(model.parameters()).device
+    x, y = (t.to(dev) for t in dataset())
     with torch.no_grad():
         return float(nn.functional.mse_loss(model(x), y))
 
@@ -48,10 +49,13 @@ def train_epoch(model: nn.Module, indices: list[int], batch: int, lr: float, acc
                 group=None) -> list[float]:
     """One epoch of SGD over `indices` in micro-batches of `batch`, an optimizer step every `accum`
     of them; with `group`, DDP over that group (no all-reduce while accumulating: `no_sync`).
-    Returns the epoch loss (all 256 samples) after each optimizer step."""
-    net = DDP(model, process_group=group) if group is not None else model
+    Returns the epoch loss (all 256 samples) after each optimizer step. On this rank's device
+    (a GPU under NCCL, else the CPU)."""
+    dev = device()
+    model.to(dev)
+    net = DDP(model, process_group=group, **ddp_kwargs(dev)) if group is not None else model
     opt = torch.optim.SGD(net.parameters(), lr=lr)
-    x, y = dataset()
+    x, y = (t.to(dev) for t in dataset())
     micro = [indices[i:i + batch] for i in range(0, len(indices), batch)]
     curve = []
     for start in range(0, len(micro), accum):

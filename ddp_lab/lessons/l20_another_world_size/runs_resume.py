@@ -21,15 +21,16 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DistributedSampler
 
-from ...launching.rankinfo import rank_info
+from ...launching.rankinfo import ddp_kwargs, device, rank_info
 from .runs import LR, SAMPLES, SEED, dataset, new_model
 
 STEPS_BEFORE, BATCH = 6, 4
 
 
 def _train(indices: list[int], model: nn.Module, opt, batch: int = BATCH) -> None:
-    x, y = dataset()
-    net = DDP(model)
+    dev = device()
+    x, y = (t.to(dev) for t in dataset())
+    net = DDP(model, **ddp_kwargs(dev))
     for i in range(0, len(indices), batch):
         idx = indices[i:i + batch]
         opt.zero_grad()
@@ -50,7 +51,7 @@ def first_job(workdir: str, steps: int = STEPS_BEFORE) -> dict:
     sampler = DistributedSampler(range(SAMPLES), shuffle=True, seed=SEED)  # this group's size and rank
     sampler.set_epoch(0)
     mine = list(sampler)[:steps * BATCH]
-    model = new_model()
+    model = new_model().to(device())
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     _train(mine, model, opt)
     _write(os.path.join(workdir, f"seen-first-{info.rank}.json"), mine)
@@ -83,9 +84,9 @@ def resumed_job(workdir: str, place=skip_steps) -> dict:
     """Load the checkpoint, find this rank's place in the epoch with `place`, train the rest.
     Rank 0 then counts, over both jobs, the samples seen twice and those never seen."""
     info = rank_info()
-    checkpoint = torch.load(os.path.join(workdir, "checkpoint.pt"))
+    checkpoint = torch.load(os.path.join(workdir, "checkpoint.pt"), map_location=device())
     mine = place(checkpoint, info.world_size, info.rank)
-    model = new_model()
+    model = new_model().to(device())
     model.load_state_dict(checkpoint["model"])
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     opt.load_state_dict(checkpoint["optimizer"])
