@@ -13,15 +13,15 @@ from .figures import figures
 from .modules import Block, Net
 from .runs import (batch, change, digest, drift, step_through, train_changed, train_phases,
                    unregistered, watch_batches)
-from .runs_collectives import (gather_objects, gather_own_size, gather_padded, gather_predictions,
-                               predictions, read_async)
+from .runs_collectives import (gather_objects, gather_on_gloo, gather_own_size, gather_padded,
+                               gather_predictions, predictions, read_async, read_async_on_gloo)
 from .runs_tp import MAX_NORM, clip, global_norm, local_norm, train_clipped
 
 __all__ = ["LESSON", "Block", "Net", "batch", "change", "clip", "digest", "drift", "figures",
-           "gather_objects", "gather_own_size", "gather_padded", "gather_predictions",
-           "global_norm", "local_norm", "MAX_NORM", "predictions", "read_async", "step_through",
-           "train_changed", "train_clipped", "train_phases", "unregistered", "watch_batches",
-           "GLOO_SIZE_MISMATCH"]
+           "gather_objects", "gather_on_gloo", "gather_own_size", "gather_padded",
+           "gather_predictions", "global_norm", "local_norm", "MAX_NORM", "predictions",
+           "read_async", "read_async_on_gloo", "step_through", "train_changed", "train_clipped",
+           "train_phases", "unregistered", "watch_batches", "GLOO_SIZE_MISMATCH"]
 
 # gloo's own check (third_party/gloo/gloo/transport/tcp/pair.cc in this build), printed by the
 # rank it aborts: a rank that receives more bytes than its buffer holds. NCCL has no such check:
@@ -139,17 +139,20 @@ LESSON = Lesson(
                  # gloo's behaviour: rank 0 receives more than its buffer holds and gloo aborts
                  # it (SIGABRT); rank 1 returns with a wrong slot or loses its peer (both seen).
                  # NCCL has no such check: it may hang or return garbage instead.
-                 broken=Variant(gather_predictions, Expect("crashed", match="SIGABRT", ranks=(0,),
+                 broken=Variant(gather_on_gloo, Expect("crashed", match="SIGABRT", ranks=(0,),
                                                            extra=_gloo_abort),
-                                kwargs={"how": "own_size"}, timeout=20, grace=2),
-                 fixed=Variant(gather_predictions, Expect("ok", extra=_every_rank_exact),
-                               kwargs={"how": "padded"}),
+                                kwargs={"how": "own_size"}, timeout=20, grace=2,
+                                init_process_group=False),
+                 fixed=Variant(gather_on_gloo, Expect("ok", extra=_every_rank_exact),
+                               kwargs={"how": "padded"}, init_process_group=False),
                  summary="a collective's sizes must agree on every rank; gather the lengths, "
                          "pad to the longest, trim (or all_gather_object, which pickles)"),
         Scenario("read_before_wait", "An async all_reduce read before wait()",
-                 broken=Variant(read_async, Expect("ok", metric="error", above=1)),
-                 fixed=Variant(read_async, Expect("ok", metric="error", below=1e-9),
-                               kwargs={"wait_first": True}),
+                 # both variants on a gloo group of their own (runs_collectives.gloo_group)
+                 broken=Variant(read_async_on_gloo, Expect("ok", metric="error", above=1),
+                                init_process_group=False),
+                 fixed=Variant(read_async_on_gloo, Expect("ok", metric="error", below=1e-9),
+                               kwargs={"wait_first": True}, init_process_group=False),
                  summary="async_op=True returns at once: the tensor holds the sum only after "
                          "work.wait(); read it after"),
     ],

@@ -6,12 +6,29 @@ error per step, broken beside fixed."""
 from __future__ import annotations
 
 import pickle
+from contextlib import contextmanager
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 from torch.nn import functional as F
 
 from ...launching.rankinfo import rank_info
+
+
+@contextmanager
+def gloo_group():
+    """A gloo group on the CPU for this rank, on any machine, where the launch made none: what
+    these scenarios show is gloo's (on a node with a GPU per rank the course's launcher would pick
+    NCCL, where a size mismatch may hang instead). Their variants say init_process_group=False."""
+    if dist.is_initialized():
+        yield
+        return
+    dist.init_process_group("gloo", timeout=timedelta(seconds=30))
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
 
 
 def predictions(rank: int, step: int) -> torch.Tensor:
@@ -95,3 +112,15 @@ def read_async(wait_first: bool = False, steps: int = 5) -> dict:
             read = values.clone()
         errors.append(float((read - truth).abs().max()))
     return {"error_per_step": errors, "error": max(errors)}
+
+
+def gather_on_gloo(how: str = "padded", steps: int = 3) -> dict:
+    """`gather_predictions` on a gloo group of this rank's own (`gloo_group`)."""
+    with gloo_group():
+        return gather_predictions(how, steps)
+
+
+def read_async_on_gloo(wait_first: bool = False, steps: int = 5) -> dict:
+    """`read_async` on a gloo group of this rank's own (`gloo_group`)."""
+    with gloo_group():
+        return read_async(wait_first, steps)
