@@ -6,8 +6,35 @@ group runs on NCCL with a GPU for this rank, else the CPU.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
+
+# What a launcher gives its ranks (the course's, torchrun's). A shell on a node has none of them,
+# so a launcher started from inside a rank (lessons 17 and 20 run torchrun's agent there) runs
+# without them: with TORCHELASTIC_USE_AGENT_STORE=True and MASTER_PORT set, a TCPStore asked to
+# serve on MASTER_PORT quietly becomes a client of the store already there (TCPStore.cpp,
+# pytorch#147465).
+RANK_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
+                  "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE")
+
+
+@contextlib.contextmanager
+def environ(values: dict, drop=()):
+    """Set `values` and remove `drop` (e.g. RANK_VARIABLES) in this process's environment; put
+    everything back afterwards."""
+    saved = {k: os.environ.get(k) for k in (*values, *drop)}
+    for k in drop:
+        os.environ.pop(k, None)
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 @dataclass(frozen=True)

@@ -35,18 +35,3 @@ def shared_dir():
             shutil.rmtree(box[0], ignore_errors=True)
 
 
-@contextlib.contextmanager
-def environ(values: dict, drop=()):
-    """Set `values` and remove `drop` in this process's environment; put everything back after."""
-    saved = {k: os.environ.get(k) for k in (*values, *drop)}
-    for k in drop:
-        os.environ.pop(k, None)
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v

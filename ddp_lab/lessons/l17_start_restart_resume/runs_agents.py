@@ -15,9 +15,9 @@ import time
 import torch.distributed as dist
 from torch.utils.data import DistributedSampler
 
-from ...launching.rankinfo import rank_info
+from ...launching.rankinfo import RANK_VARIABLES, environ, rank_info
 from . import runs_torchrun
-from .runs import environ, refuse_under_torchrun, shared_dir
+from .runs import refuse_under_torchrun, shared_dir
 from .runs_torchrun import AGENT_PID
 
 WORKER = runs_torchrun.__file__  # run by its path: see its docstring
@@ -25,11 +25,6 @@ SAMPLES = 64  # the data set of scenario 3
 STARTS_TORCHRUN = "it starts torchrun itself"
 
 
-# What a launcher gives its ranks. A shell on a node has none of them, so torchrun's agent runs
-# without: with TORCHELASTIC_USE_AGENT_STORE=True and MASTER_PORT set, a TCPStore asked to serve
-# on MASTER_PORT quietly becomes a client of the store already there (TCPStore.cpp, pytorch#147465).
-RANK_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
-                  "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE")
 
 
 def torchrun(argv: list[str], env: dict | None = None) -> None:

@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 from ...launching.rankinfo import rank_info
-from .runs import environ
+from ...launching.rankinfo import environ
 
 # TEST-NET-1 (RFC 5737): reserved for documentation, routed nowhere. Any address where no store
 # listens does the same: a typo, the wrong node, a node whose job has not started.

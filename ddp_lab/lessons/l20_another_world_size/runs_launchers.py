@@ -12,36 +12,16 @@ What each launcher passes (torch 2.13 source):
 """
 from __future__ import annotations
 
-import contextlib
 import glob
 import json
 import os
 import tempfile
 import warnings
 
+from ...launching.rankinfo import RANK_VARIABLES, environ
 from . import runs_script
 
 SCRIPT = runs_script.__file__
-# Set by the course's launcher for this rank; a shell on a node has none of them.
-RANK_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
-                  "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE")
-
-
-@contextlib.contextmanager
-def shell_environment(**values: str):
-    """This process's environment without the rank variables, with `values`; restored afterwards."""
-    saved = {k: os.environ.get(k) for k in (*RANK_VARIABLES, *values)}
-    for k in RANK_VARIABLES:
-        os.environ.pop(k, None)
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def run_script(launcher: str = "torchrun", parser: str = "underscore", nproc: int = 2) -> dict:
@@ -54,7 +34,7 @@ def run_script(launcher: str = "torchrun", parser: str = "underscore", nproc: in
     else:
         from torch.distributed.run import main
     with (tempfile.TemporaryDirectory(prefix="ddp-lab-l20-") as out,
-          shell_environment(**{runs_script.OUT: out, runs_script.PARSER: parser})):
+          environ({runs_script.OUT: out, runs_script.PARSER: parser}, drop=RANK_VARIABLES)):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             try:
