@@ -78,6 +78,13 @@ def _local_ranks(expected: list[int]):
 # Scenario 1 runs on 4 ranks: world 1 is rank 0 alone, world 2 ranks 0 and 1 (a group of their
 # own), world 4 all; `gap` is the largest |epoch loss - the single process's| over worlds 2 and 4.
 # Measured here: 1.1 (world 2) and 3.2 (world 4) broken; 0.0 fixed (float32, the same sums).
+def _script(expect: Expect, launcher: str, parser: str) -> Variant:
+    """runs_script.py under `launcher`, reading its local rank the `parser` way: one launched rank
+    with no process group of its own, where the launcher's agent and its 2 workers run."""
+    return Variant(run_script, expect, kwargs={"launcher": launcher, "parser": parser},
+                   world_size=1, init_process_group=False, timeout=120)
+
+
 def _worlds(**kwargs) -> dict:
     return {"world_size": 4, "kwargs": kwargs, "timeout": 60}
 
@@ -97,25 +104,17 @@ LESSON = Lesson(
                          "epoch has 1/world the steps: the loss ends far from one process's; keep "
                          "the global batch (per-rank = 16 / world)"),
         Scenario("old_launcher_flag", "A --local_rank script under torch.distributed.launch",
-                 broken=Variant(run_script, Expect("error", "ChildFailedError", r"exitcode\s*: 2",
-                                                   ranks=(0,), extra=_every_worker_refused),
-                                kwargs={"launcher": "launch", "parser": "underscore"}, world_size=1,
-                                init_process_group=False, timeout=120),
-                 fixed=Variant(run_script, Expect("ok", metric="misread", below=0.5,
-                                                  extra=_local_ranks([0, 1])),
-                               kwargs={"launcher": "launch", "parser": "both"}, world_size=1,
-                               init_process_group=False, timeout=120),
+                 broken=_script(Expect("error", "ChildFailedError", r"exitcode\s*: 2", ranks=(0,),
+                                       extra=_every_worker_refused), "launch", "underscore"),
+                 fixed=_script(Expect("ok", metric="misread", below=0.5, extra=_local_ranks([0, 1])),
+                               "launch", "both"),
                  summary="the launcher passes --local-rank (dashed) since torch 2.0: argparse exits 2 "
                          "on every worker; accept both spellings"),
         Scenario("torchrun_local_rank", "The same script under torchrun",
-                 broken=Variant(run_script, Expect("ok", metric="misread", above=0.5,
-                                                   extra=_local_ranks([0, 0])),
-                                kwargs={"launcher": "torchrun", "parser": "underscore"}, world_size=1,
-                                init_process_group=False, timeout=120),
-                 fixed=Variant(run_script, Expect("ok", metric="misread", below=0.5,
-                                                  extra=_local_ranks([0, 1])),
-                               kwargs={"launcher": "torchrun", "parser": "env"}, world_size=1,
-                               init_process_group=False, timeout=120),
+                 broken=_script(Expect("ok", metric="misread", above=0.5, extra=_local_ranks([0, 0])),
+                                "torchrun", "underscore"),
+                 fixed=_script(Expect("ok", metric="misread", below=0.5, extra=_local_ranks([0, 1])),
+                               "torchrun", "env"),
                  summary="torchrun passes no --local-rank: the default 0 on every rank, silently "
                          "(two ranks on one GPU); read LOCAL_RANK"),
         Scenario("resume_elsewhere", "A job checkpointed at 4 ranks, resumed at 2",
