@@ -26,6 +26,8 @@ def finding_text(f, traces: bool = False) -> list[str]:
     only = strategy_names(f.strategies)
     lines = [f"{MARK[f.severity]}  [{f.lesson} {f.error_class}] {f.code}: {f.title}"
              + (f" ({only})" if only else "")]
+    if f.where:
+        lines += _wrap("at " + f.where, pad, pad + "   ")
     for ev in f.evidence:
         lines += _wrap(ev, pad + "- ", pad + "  ")
     if f.fix:
@@ -68,6 +70,8 @@ def _td(content: str, extra: str = "") -> str:
 def _row(f) -> str:
     ev = "".join(f"<li style='text-align:left'>{_cell(e)}</li>" for e in f.evidence)
     ev = f"<ul style='{_LIST}'>{ev}</ul>" if ev else ""
+    if f.where:
+        ev = f"<code>{_cell(f.where)}</code>" + ev
     if f.trace:
         ev += (f"<details style='text-align:left'><summary>trace</summary><pre style='font-size:"
                f"85%;text-align:left;white-space:pre-wrap'>{html.escape(f.trace)}</pre></details>")

@@ -47,7 +47,8 @@ class Finding:
 
     `code` names the check (e.g. "unused-parameters"); `lesson` is the lesson that teaches its
     error class; `evidence` holds short lines (names, ranks, values, PyTorch's message);
-    `trace` an optional longer text (a traceback or each rank's stack), already sanitized."""
+    `trace` an optional longer text (a traceback or each rank's stack), already sanitized;
+    `where` the user's line the cause is on (file:line: text), when the cause is in their code."""
 
     severity: str
     code: str
@@ -57,6 +58,7 @@ class Finding:
     fix: str = ""
     trace: str = ""
     strategies: tuple = ()  # the strategies whose rule this is; () means STRATEGIES_OF's
+    where: str = ""  # the user's line at fault, "train.py:42: loss.backward()", where it is theirs
 
     def __post_init__(self):
         self.strategies = tuple(self.strategies) or strategies_of(self.code)
