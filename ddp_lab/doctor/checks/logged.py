@@ -1,0 +1,458 @@
+"""Values the script logs (loss, gradient norm, accuracy) against their true global value.
+
+On each rank, from outside: the loss functions' outputs with their count of terms (for
+cross_entropy the targets not equal to ignore_index), every backward's value, the gradient norm
+`clip_grad_norm_` returns (this rank's shard under FSDP2), the script's own `dist.all_reduce`
+(its value before and after; never a collective of ours) and the numbers the script turns into
+Python numbers (`item`, `float`, `tolist`, a tensor in an f-string) on a line that logs them
+(print, logger.info, wandb.log, ...). In the parent: the true value of a step's loss is
+sum(loss x count) / sum(count) over ranks and micro-batches; a logged value equal to a known
+wrong formula while the true value differs is a warning, a rank's own loss is a note. A value
+that matches no formula, or a step we cannot read (two losses per backward, a sum reduction), is
+left alone: a false alarm is worse than a miss.
+"""
+from __future__ import annotations
+
+import ast
+import builtins
+import inspect
+import linecache
+import math
+import sys
+
+from ..report import Finding
+from . import Check
+
+REL = 2e-5  # a logged value equals a formula up to float32 rounding of the script's own sums
+APART = 1e-3  # a wrong formula is only evidence when it differs from the true value this much
+LOGGERS = {"print", "info", "debug", "warning", "log", "add_scalar", "add_scalars", "write",
+           "set_postfix", "set_description", "log_metrics", "log_dict", "pprint"}
+FORMATTERS = {"str", "float", "round", "format", "dict", "list", "tuple", "repr"}
+CLASS_LOSSES = ("cross_entropy", "nll_loss")
+ELEMENT_LOSSES = ("mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "binary_cross_entropy",
+                  "binary_cross_entropy_with_logits")
+
+
+# --- rank side ------------------------------------------------------------------------------
+def attach(ctx):
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    state = {"rows": 0, "reduces": 0}
+    losses = [getattr(F, n) for n in CLASS_LOSSES + ELEMENT_LOSSES]
+    ctx.on_torch_function(losses, lambda f, a, k, out: _on_loss(ctx, f, a, k, out))
+    ctx.on_torch_function([torch.Tensor.backward, torch.autograd.backward],
+                          lambda f, a, k, out: _on_backward(ctx, a))
+    ctx.on_torch_function([torch.Tensor.item, torch.Tensor.__float__, torch.Tensor.__format__,
+                           torch.Tensor.tolist], lambda f, a, k, out: _on_number(ctx, f, a, out))
+    clip, reduce_ = torch.nn.utils.clip_grad_norm_, dist.all_reduce
+
+    def clip_grad_norm_(*args, **kwargs):
+        out = clip(*args, **kwargs)
+        ctx.guard(_on_norm)(ctx, out, args, kwargs)
+        return out
+
+    def all_reduce(tensor, *args, **kwargs):
+        before = ctx.guard(_small)(tensor)
+        out = reduce_(tensor, *args, **kwargs)
+        ctx.guard(_on_reduce)(ctx, state, tensor, before, args, kwargs)
+        return out
+
+    torch.nn.utils.clip_grad_norm_, dist.all_reduce = clip_grad_norm_, all_reduce
+    ctx.on_model(lambda c, w: _count_rows(c, w, state))
+    ctx.on_step_end(lambda c: state.update(rows=0))
+
+    def undo(c):
+        torch.nn.utils.clip_grad_norm_, dist.all_reduce = clip, reduce_
+    ctx.on_finish(undo)
+
+
+def _small(tensor, most=8):
+    """A few floats of a small tensor (a DTensor's local part), else None."""
+    t = getattr(tensor, "_local_tensor", tensor)
+    if not hasattr(t, "numel") or t.numel() > most or t.is_complex():
+        return None
+    return [float(x) for x in t.detach().reshape(-1).tolist()]
+
+
+def _on_loss(ctx, func, args, kwargs, out):
+    if type(out).__name__ != "Tensor" or out.numel() != 1:
+        return
+    b = inspect.signature(func).bind(*args, **kwargs).arguments
+    rec = {"s": ctx.step, "fn": func.__name__, "v": float(out.detach()),
+           "grad": bool(out.requires_grad), "red": b.get("reduction", "mean")}
+    if b.get("size_average") is not None or b.get("reduce") is not None or rec["red"] != "mean":
+        rec["red"] = "other"
+    else:
+        rec["n"] = _count(func.__name__, b)
+    ctx.add("logged.train", rec)
+
+
+def _count(name, b) -> float:
+    """The number of terms a "mean" reduction divides by (torch/nn/functional.py; for
+    cross_entropy and nll_loss the weight of each target not equal to ignore_index)."""
+    import torch
+
+    x, y = b["input"], b["target"]
+    if name not in CLASS_LOSSES:
+        return float(torch.broadcast_shapes(x.shape, y.shape).numel())
+    if y.is_floating_point():  # class probabilities: every sample counts
+        return float(x.numel() // x.shape[1] if x.dim() > 1 else 1)
+    valid = y != b.get("ignore_index", -100)
+    w = b.get("weight")
+    return float(w[y[valid]].sum()) if w is not None else float(valid.sum())
+
+
+def _on_backward(ctx, args):
+    t = args[0] if args else None
+    if isinstance(t, (list, tuple)):
+        t = t[0] if len(t) == 1 else None
+    if t is not None and hasattr(t, "numel") and t.numel() == 1:
+        ctx.add("logged.train", {"s": ctx.step, "fn": "backward", "v": float(t.detach())})
+
+
+def _on_norm(ctx, out, args, kwargs):
+    local = _small(out, 1)
+    if local:
+        p = kwargs.get("norm_type", args[2] if len(args) > 2 else 2.0)
+        ctx.add("logged.norm", {"s": ctx.step, "v": local[0], "p": float(p),
+                                "local": type(out).__name__ == "DTensor"})
+
+
+def _on_reduce(ctx, state, tensor, before, args, kwargs):
+    state["reduces"] += 1
+    op = kwargs.get("op", args[0] if args else None)
+    after = None if kwargs.get("async_op") else _small(tensor)
+    if before is not None:
+        ctx.add("logged.reduce", {"s": ctx.step, "i": state["reduces"], "op": str(op or "SUM"),
+                                  "before": before, "after": after, "rows": state["rows"],
+                                  "line": ctx.user_line()})
+
+
+def _count_rows(ctx, watched, state):
+    import torch
+
+    if watched.kind not in ("ddp", "fsdp2"):
+        return
+
+    def rows(module, args, kwargs):
+        if torch.is_grad_enabled():
+            return
+        for a in list(args) + list(kwargs.values()):
+            if isinstance(a, torch.Tensor) and a.dim() > 0:
+                state["rows"] += int(a.shape[0])
+                return
+    watched.module.register_forward_pre_hook(ctx.guard(rows), with_kwargs=True)
+
+
+def _on_number(ctx, func, args, out):
+    frame = sys._getframe(1)
+    while frame is not None and not ctx.is_user_file(frame.f_code.co_filename):
+        frame = frame.f_back
+    t = args[0] if args else None
+    if frame is None or t is None or t.numel() > 8:
+        return
+    how = _logged_how(frame)
+    if how is None:
+        return
+    kind, scale = how
+    if func.__name__ in ("item", "__float__") and kind != "format":
+        values = [float(out) * scale]
+    elif func.__name__ == "tolist" and kind != "format":
+        values = [float(v) * scale for v in _small(t) or []]
+    elif func.__name__ == "__format__" and t.numel() == 1:
+        values = [float(t.detach())]
+    else:
+        return
+    ctx.add("logged.value", {"s": ctx.step, "v": values, "line": ctx.user_line(frame)})
+
+
+_TREES: dict = {}
+
+
+def _logged_how(frame):
+    """("value", scale) when the conversion running in `frame` is shown by a logging call on its
+    line (the number times `scale`: `loss.item() / world_size` logs item/world_size), ("format",
+    1) for a tensor formatted in a logging call; None when the number goes elsewhere."""
+    pos = list(frame.f_code.co_positions())[frame.f_lasti // 2]
+    nodes, parents = _tree(frame.f_code.co_filename)
+    node = nodes.get(pos)
+    if node is None:
+        return None
+    kind = "format" if isinstance(node, ast.JoinedStr) or _name(node) == "format" else "value"
+    scale = 1.0
+    while node in parents:
+        up = parents[node]
+        if isinstance(up, ast.Call) and _name(up) in LOGGERS:
+            return kind, scale
+        if isinstance(up, ast.BinOp) and kind == "value":
+            if isinstance(up.op, ast.Mod) and isinstance(up.left, ast.Constant):
+                pass  # "loss %.4f" % value
+            elif isinstance(up.op, (ast.Mult, ast.Div)):
+                other = up.right if up.left is node else up.left
+                k = _evaluate(other, frame)
+                if k is None or k == 0 or (isinstance(up.op, ast.Div) and up.left is not node):
+                    return None
+                scale = scale * k if isinstance(up.op, ast.Mult) else scale / k
+            else:
+                return None
+        elif isinstance(up, ast.Call) and _name(up) not in FORMATTERS:
+            return None
+        elif not isinstance(up, (ast.Call, ast.FormattedValue, ast.JoinedStr, ast.Dict,
+                                 ast.List, ast.Tuple, ast.keyword, ast.BinOp)):
+            return None
+        node = up
+    return None
+
+
+def _tree(filename):
+    if filename not in _TREES:
+        nodes, parents = {}, {}
+        try:
+            tree = ast.parse("".join(linecache.getlines(filename)))
+        except SyntaxError:
+            tree = ast.Module(body=[], type_ignores=[])
+        for up in ast.walk(tree):
+            for child in ast.iter_child_nodes(up):
+                parents[child] = up
+            if isinstance(up, (ast.Call, ast.JoinedStr)):
+                nodes[(up.lineno, up.end_lineno, up.col_offset, up.end_col_offset)] = up
+        _TREES[filename] = (nodes, parents)
+    return _TREES[filename]
+
+
+def _name(call):
+    f = call.func if isinstance(call, ast.Call) else None
+    return f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
+
+
+def _evaluate(node, frame):
+    """A constant, a name or an attribute chain's number in the user's frame (nothing called)."""
+    if isinstance(node, ast.Constant):
+        value = node.value
+    elif isinstance(node, ast.Name):
+        value = frame.f_locals.get(node.id, frame.f_globals.get(node.id, getattr(
+            builtins, node.id, None)))
+    elif isinstance(node, ast.Attribute):
+        owner = _evaluate_object(node.value, frame)
+        value = getattr(owner, node.attr, None)
+    else:
+        return None
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _evaluate_object(node, frame):
+    if isinstance(node, ast.Name):
+        return frame.f_locals.get(node.id, frame.f_globals.get(node.id))
+    if isinstance(node, ast.Attribute):
+        return getattr(_evaluate_object(node.value, frame), node.attr, None)
+    return None
+
+
+# --- parent side ----------------------------------------------------------------------------
+WHY = {
+    "unweighted": "the unweighted mean over ranks of each rank's loss, while the ranks hold "
+                  "different numbers of terms",
+    "sum": "the SUM of the ranks' values (an all_reduce not divided by the world size)",
+    "accumulation": "the step's loss divided by the number of micro-batches (the loss scaled "
+                    "for gradient accumulation, logged as it is)",
+    "last": "the last micro-batch's loss only, not the step's",
+    "shard": "the gradient norm of this rank's local shard (FSDP2), not of the whole model",
+    "fraction": "the unweighted mean of the ranks' fractions, while the ranks evaluated "
+                "different numbers of samples",
+}
+FIX = {
+    "unweighted": "all_reduce the sum of loss x count and the count, and log their ratio",
+    "sum": "divide the all_reduced SUM by dist.get_world_size() before logging it",
+    "accumulation": "log the sum of the scaled micro-batch losses (or the unscaled loss "
+                    "averaged over micro-batches), not a scaled one alone",
+    "last": "sum loss.detach() over the step's micro-batches (divided by their number) and "
+            "log that",
+    "shard": "log grad_norm.full_tensor() (every rank calls it), not the local part",
+    "fraction": "all_reduce the correct count and the sample count, and log their ratio",
+}
+
+
+def _close(a, b):
+    return a is not None and b is not None and abs(a - b) <= REL * max(abs(a), abs(b), 1e-6)
+
+
+def _apart(a, b):
+    return abs(a - b) > APART * max(abs(a), abs(b), 1e-6)
+
+
+def _micro(events):
+    """{step: [(loss, count), ...]} of one rank, with each step's backward factor; a step whose
+    losses we cannot read (two losses for one backward, a sum reduction) is left out."""
+    steps, bad = {}, set()
+    for s in sorted({e["s"] for e in events}):
+        pending, micro = [], []
+        for e in (e for e in events if e["s"] == s):
+            if e["fn"] != "backward":
+                if e["grad"]:
+                    pending.append(e)
+            elif len(pending) == 1 and pending[0]["red"] == "mean" and pending[0]["n"] > 0:
+                micro.append((pending[0]["v"], pending[0]["n"], e["v"]))
+                pending = []
+            else:
+                bad.add(s)
+        k = len(micro)
+        factors = {round(b / v, 6) if v else None for v, _, b in micro}
+        if k and s not in bad and not pending and all(
+                f is not None and (_close(f, 1.0) or _close(f, 1.0 / k)) for f in factors) \
+                and len(factors) == 1:
+            steps[s] = [(v, n) for v, n, _ in micro]
+    return steps
+
+
+def _formulas(per_rank):
+    """{rank: {step: [(value, kind, reason, text)]}}: the true value, then wrong ones, then this
+    rank's own (a note), for every step all ranks read."""
+    out = {r: {} for r in range(len(per_rank))}
+    common = set.intersection(*(set(p) for p in per_rank)) if per_rank else set()
+    for s in common:
+        micro = [p[s] for p in per_rank]
+        n = [sum(c for _, c in m) for m in micro]
+        own = [sum(v * c for v, c in m) / nr for m, nr in zip(micro, n)]
+        mean = [sum(v for v, _ in m) / len(m) for m in micro]
+        true = sum(o * nr for o, nr in zip(own, n)) / sum(n)
+        k = len(micro[0]) if len({len(m) for m in micro}) == 1 else 0
+        counts = "; ".join(f"rank {r}: {o:.6g} over {nr:g} terms" for r, (o, nr) in
+                           enumerate(zip(own, n)))
+        shared = [(true, "true", "", "")]
+        for per in (own, mean):
+            shared += [(sum(per) / len(per), "wrong", "unweighted", counts),
+                       (sum(per), "wrong", "sum", counts)]
+        if k > 1:
+            last = [m[-1][0] for m in micro]
+            shared += [(true / k, "wrong", "accumulation", f"k = {k} micro-batches"),
+                       (sum(mean) / len(mean) / k, "wrong", "accumulation", f"k = {k}"),
+                       (sum(last) / len(last), "wrong", "last", f"k = {k}"),
+                       (sum(last) / len(last) / k, "wrong", "last", f"k = {k}")]
+        for r in out:
+            mine = [(own[r], "own", "", counts), (mean[r], "own", "", counts)]
+            if k > 1:
+                mine += [(own[r] / k, "wrong", "accumulation", f"k = {k} micro-batches"),
+                         (micro[r][-1][0], "wrong", "last", f"k = {k} micro-batches"),
+                         (micro[r][-1][0] / k, "wrong", "last", f"k = {k} micro-batches")]
+            out[r][s] = [f for f in shared + mine if f[1] != "wrong" or _apart(f[0], true)]
+    return out
+
+
+def _norm_formulas(ev, out):
+    norms = [{e["s"]: e for e in r.get("logged.norm", [])} for r in ev.ranks]
+    for s in set.intersection(*(set(n) for n in norms)) if norms else ():
+        row = [n[s] for n in norms]
+        if not all(e["local"] for e in row):
+            for r in out:
+                out[r].setdefault(s, []).append((row[r]["v"], "true", "", ""))
+            continue
+        p = row[0]["p"]
+        full = max(e["v"] for e in row) if math.isinf(p) else \
+            sum(e["v"] ** p for e in row) ** (1 / p)
+        text = "; ".join(f"rank {r}: {e['v']:.6g}" for r, e in enumerate(row))
+        for r in out:
+            out[r].setdefault(s, []).append((full, "true", "", ""))
+            if _apart(row[r]["v"], full):
+                out[r][s].append((row[r]["v"], "wrong", "shard", f"the shards' norms: {text}"))
+
+
+def _fraction_formulas(ev, out):
+    groups = {}
+    for r, rec in enumerate(ev.ranks):
+        for e in rec.get("logged.reduce", []):
+            groups.setdefault(e["i"], {})[r] = e
+    for g in groups.values():
+        if len(g) != ev.world_size or any(len(e["before"]) != 1 or "SUM" not in e["op"].upper()
+                                          for e in g.values()):
+            continue
+        b = [g[r]["before"][0] for r in range(ev.world_size)]
+        n = [g[r]["rows"] for r in range(ev.world_size)]
+        if min(n) <= 0 or len(set(n)) == 1 or not all(0 <= x <= 1 for x in b) or any(
+                abs(x * m - round(x * m)) > 1e-3 for x, m in zip(b, n)):
+            continue
+        true = sum(x * m for x, m in zip(b, n)) / sum(n)
+        text = "; ".join(f"rank {r}: {x:.6g} of {m} samples" for r, (x, m) in enumerate(zip(b, n)))
+        found = [(true, "true", "", "")] + [
+            (v, "wrong", why, text) for v, why in ((sum(b) / len(b), "fraction"), (sum(b), "sum"))
+            if _apart(v, true)]
+        for r in out:
+            out[r].setdefault(g[r]["s"], []).extend(found)
+
+
+def _verdicts(ev, formulas):
+    """{line: [(kind, reason, rank, step, value, formula value, text, true)]}: each logged
+    number against the formulas of its step and the step before (a loss printed after
+    optimizer.step() is recorded in the next step)."""
+    lines = {}
+    for r, rec in enumerate(ev.ranks):
+        for e in rec.get("logged.value", []):
+            cands = []
+            for s in (e["s"], e["s"] - 1):
+                here = formulas.get(r, {}).get(s, [])
+                true = next((x[0] for x in here if x[1] == "true"), None)
+                cands += [f + (true, s) for f in here]
+            for v in e["v"]:
+                hit = [c for c in cands if _close(v, c[0]) or (
+                    c[2] in ("fraction", "") and _close(v / 100, c[0]))]
+                got = next((c for kind in ("true", "wrong", "own") for c in hit
+                            if c[1] == kind), None)
+                if got:
+                    lines.setdefault(e["line"], []).append(
+                        (got[1], got[2], r, got[5], v, got[0], got[3], got[4]))
+    return lines
+
+
+def judge(ev):
+    per_rank = [_micro(r.get("logged.train", [])) for r in ev.ranks]
+    formulas = _formulas(per_rank) if per_rank else {}
+    _norm_formulas(ev, formulas)
+    _fraction_formulas(ev, formulas)
+    found = []
+    for line, seen in _verdicts(ev, formulas).items():
+        kinds = {k for k, *_ in seen}
+        if "true" in kinds:
+            continue  # the line logs the true value at some step: a match elsewhere is chance
+        if "wrong" in kinds:
+            found.append(_finding("warning", line, [x for x in seen if x[0] == "wrong"]))
+        elif "own" in kinds and not any(f.code == "logged-value-one-rank" for f in found):
+            found.append(_finding("info", line, seen))
+    return found
+
+
+def _finding(severity, line, seen):
+    kind, why, rank, step, v, _, text, true = seen[0]
+    steps = sorted({x[3] for x in seen})
+    if severity == "info":
+        return Finding(
+            "info", "logged-value-one-rank", "14",
+            f"rank {rank} logs its own loss, not the loss over all ranks' data",
+            [f"rank {rank} logs {v:.6g} at step {step}; over all ranks' data it is {true:.6g} "
+             f"({text})", "a note: every rank trains on the global gradient all the same; the "
+                          "logged number is one rank's sample of the loss"],
+            fix="all_reduce the sum of loss x count and the count, and log their ratio, if the "
+                "log must show the global loss", where=line)
+    what = "gradient norm" if why == "shard" else "metric" if why == "fraction" else "loss"
+    return Finding(
+        "warning", "logged-value-not-global", "14",
+        f"the {what} logged is {WHY[why]}",
+        [f"rank {rank} logs {v:.6g} at step {step}; its true global value is {true:.6g}"
+         + (f" (the sum over ranks and micro-batches of loss x count, divided by the sum of "
+            f"counts)" if what == "loss" else ""),
+         f"{v:.6g} is {WHY[why]} ({text})",
+         f"the same at {len(seen)} logged value(s), steps {steps[0]}-{steps[-1]}"],
+        fix=FIX[why], where=line)
+
+
+CHECK = Check(
+    name="logged",
+    mechanism="values the script logs (loss, gradient norm, accuracy) against their global "
+              "value, weighted by each rank's count and accumulation-aware",
+    lesson="14",
+    codes={"logged-value-not-global": "warning", "logged-value-one-rank": "info"},
+    attach=attach, judge=judge, tools=("watch",),
+    tests="tests/doctor/checks/test_logged.py",
+    notes=("a number logged after Python arithmetic on another line (x = loss.item(); "
+           "print(x / n)) is not seen: only conversions on the logging line are compared",
+           "a step with two losses for one backward, or a sum reduction, is not judged"))
