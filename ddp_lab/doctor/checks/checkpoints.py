@@ -11,7 +11,7 @@ Rank side (all without a collective: the training group is the user's):
   of a key that several ranks save (torch/distributed/checkpoint/_dedup_save_plans.py:42-55,
   called by default_planner.py:135-143): a plain per-rank tensor whose value differs between
   ranks is stored once, the other ranks' values are lost.
-- dcp.load: loads in place into the tensors it is given (state_dict_loader.py:89-92: "All
+- dcp.load: loads in place into the tensors it is given (state_dict_loader.py:87-89: "All
   tensors in state_dict must be allocated on their destination device prior to calling this
   function"); tensors that are copies of the model leave the model unchanged unless the script
   then calls load_state_dict. Checked before the model next runs (its next forward, its wrap,
@@ -396,6 +396,10 @@ def judge_saves(ev) -> list[Finding]:
     return out
 
 
+WHEN = {"forward": "at the model's next forward", "wrapped": "when the script wrapped the model",
+        "end": "when the script ended"}
+
+
 def judge_dcp(ev) -> list[Finding]:
     out = []
     for where, items in _first(ev, "dcp-saves").items():
@@ -424,10 +428,10 @@ def judge_dcp(ev) -> list[Finding]:
             "dcp.load filled copies of the model's tensors: the model kept its old values",
             [f"rank {rank}: {item['keys'] - item['shared']} of {item['keys']} tensors dcp.load "
              "filled are not the model's own (no shared storage)",
-             f"when the model next ran ({item['when']}), {item['differs']} still differed from "
-             f"the loaded value by {item['off']:.3g}",
+             f"{WHEN.get(item['when'], item['when'])}, the model's {item['differs']} still "
+             f"differed from the value dcp.load read by {item['off']:.3g}",
              "dcp.load loads in place into the tensors it is given "
-             "(torch/distributed/checkpoint/state_dict_loader.py:89-92)"],
+             "(torch/distributed/checkpoint/filesystem.py:914 copies into the tensors it is given)"],
             fix="pass the model's own state (model.state_dict(), or the model itself as a "
                 "Stateful), or call model.load_state_dict(state) after dcp.load",
             where=where))
