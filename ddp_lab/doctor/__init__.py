@@ -32,7 +32,7 @@ GRACE = 2.0  # seconds the other ranks get after one fails before their stacks a
 def doctor(model, example_input, *, world_size: int = 2, steps: int = 3,
            loss_fn: Callable | None = None, amp: str | None = None,
            ddp_kwargs: dict | None = None, timeout: float = 60,
-           strategy: str = "ddp", compile: bool = False, tp_plan=None) -> Report:
+           strategy: str = "ddp", compile: bool | dict = False, tp_plan=None) -> Report:
     """Diagnose `model` (an nn.Module class, a zero-argument factory, or an instance) fed with
     `example_input` (a tensor, a tuple of forward's positional arguments, a dict of its keyword
     arguments, or a callable rank -> batch). A fixed input is perturbed per rank, and cut to
@@ -47,7 +47,10 @@ def doctor(model, example_input, *, world_size: int = 2, steps: int = 3,
     module sharded); "tp" adds doctor/tensor_parallel.py's check (one more launch, the module
     split by `tp_plan`, its own `tp_plan`, or a traced colwise/rowwise plan of its Linear layers,
     compared with the module whole). `compile=True` adds the compile check of doctor/compiled.py
-    (one more launch: the DDP steps under torch.compile, aot_eager). `timeout` bounds the launch:
+    (one more launch: the DDP steps under torch.compile, aot_eager); `compile={"fullgraph": True,
+    "dynamic": False, "backend": "aot_eager", "mode": None}` compiles as you do (backend
+    inductor by default, as torch.compile's; aot_eager where no C++ compiler is found, said in
+    the report's notes). `timeout` bounds the launch:
     a module that hangs is reported with each rank's stack. Raises
     DoctorInputError (the CLI's exit status 2) when the doctor cannot start: a factory that
     raises, an input that does not fit, no parameters, bad settings; DoctorBug (exit status 3)
@@ -62,6 +65,7 @@ def doctor(model, example_input, *, world_size: int = 2, steps: int = 3,
     inputs.validate_amp(amp)
     inputs.validate_loss(loss_fn)
     settings = validated_ddp_kwargs(ddp_kwargs)
+    compiling = _compile_settings(compile)
     source = inputs.resolve_model(model)
     instance = inputs.first_instance(source)
     findings = static.static_findings(instance)
@@ -81,27 +85,32 @@ def doctor(model, example_input, *, world_size: int = 2, steps: int = 3,
     elif strategy != "ddp":
         from .sharded import sharded_findings
         dynamic += sharded_findings(source, example_input, strategy, world_size, timeout, amp)[1]
-    if compile:
+    if compiling:
         notes.append(_compile_check(dynamic, run, source, example_input, steps, loss, amp,
-                                    settings, plan, world_size, timeout, where))
+                                    settings, plan, world_size, timeout, where, compiling))
     return Report(source.name, world_size, steps, amp, judged_under(findings + dynamic, strategy),
                   status=run.status, seconds=time.time() - start, run=run, ddp_kwargs=settings,
                   notes=notes, strategy=strategy)
 
 
 def _compile_check(found, run, source, example, steps, loss, amp, settings, plan, world_size,
-                   timeout, where) -> str:
+                   timeout, where, compiling) -> str:
     """Adds the compile check's findings to `found`; the report's note about it."""
     if run.status != "ok":
         return "compile: not checked, the DDP phase did not run through"
-    from .compiled import compiled_findings
+    from .compiled import compiled_findings, note
 
     unused = any(f.code.endswith("unused-parameters") for f in found)
     settings = {**settings, "find_unused_parameters": bool(settings.get("find_unused_parameters")) or unused}
     found += compiled_findings(source, example, steps, loss, amp, settings, plan, world_size,
-                               timeout, where)
-    return ("compile: the DDP steps again under torch.compile (backend aot_eager: dynamo's graphs, "
-            "guards and DDPOptimizer's splits, eager kernels)")
+                               timeout, where, compiling)
+    return note(compiling, steps)
+
+
+def _compile_settings(compile) -> dict | None:
+    from .compiled import settings_of
+
+    return settings_of(compile)
 
 
 def _validate_args(world_size, steps, timeout) -> None:

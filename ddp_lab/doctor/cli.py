@@ -43,6 +43,15 @@ def configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--compile", action="store_true",
                    help="also train under torch.compile: graph breaks, recompiles, ranks whose "
                         "graphs differ")
+    p.add_argument("--compile-fullgraph", action="store_true",
+                   help="compile as you do with fullgraph=True (implies --compile)")
+    p.add_argument("--compile-dynamic", choices=("true", "false"),
+                   help="your torch.compile dynamic= (implies --compile)")
+    p.add_argument("--compile-backend", metavar="NAME",
+                   help="your torch.compile backend, e.g. inductor or aot_eager (implies "
+                        "--compile; inductor falls back to aot_eager without a C++ compiler)")
+    p.add_argument("--compile-mode", metavar="MODE",
+                   help="your torch.compile mode, e.g. max-autotune (inductor; implies --compile)")
     p.add_argument("--timeout", type=float, default=60, help="seconds before a hang is reported")
     p.add_argument("--json", action="store_true", help="the report as JSON")
     p.add_argument("--traces", action="store_true", help="full tracebacks and stacks in the text")
@@ -70,7 +79,7 @@ def run(args) -> int:
         tp_plan = _tp_plan(args, module)
         report = doctor(model, example, world_size=args.world_size, steps=args.steps,
                         amp=args.amp, timeout=args.timeout, loss_fn=loss_fn,
-                        ddp_kwargs=settings, strategy=args.strategy, compile=args.compile,
+                        ddp_kwargs=settings, strategy=args.strategy, compile=_compile(args),
                         tp_plan=tp_plan)
     except DoctorInputError as exc:
         print(f"ddp-lab doctor: {exc}", file=sys.stderr)
@@ -80,6 +89,17 @@ def run(args) -> int:
         return 3
     print(report.to_json() if args.json else report.text(traces=args.traces))
     return report.exit_status
+
+
+def _compile(args):
+    """--compile alone: True (the doctor's aot_eager); any --compile-* flag: your settings, with
+    torch.compile's own defaults for the rest."""
+    given = {"fullgraph": getattr(args, "compile_fullgraph", False) or None,
+             "dynamic": {"true": True, "false": False}.get(getattr(args, "compile_dynamic", None)),
+             "backend": getattr(args, "compile_backend", None),
+             "mode": getattr(args, "compile_mode", None)}
+    given = {k: v for k, v in given.items() if v is not None}
+    return given or bool(args.compile)
 
 
 def _tp_plan(args, module):

@@ -1,20 +1,26 @@
-"""The doctor's compile check (`compile=True`, `--compile`): the DDP training steps once more,
-under `torch.compile` (backend aot_eager), in one more launch. Each rank builds the module as the
-DDP phase did (seeded apart, its own batch), wraps it in DDP, compiles it, trains `steps` steps
-and reports what `ddp_lab.instruments.compilewatch.CompileWatch` saw. The findings (lesson 15):
+"""The doctor's compile check (`compile=True` or `compile={...}`, `--compile`): the DDP training
+steps once more, under `torch.compile` as the user compiles (their `fullgraph`, `dynamic`,
+`backend` and `mode`), in one more launch. Each rank builds the module as the DDP phase did
+(seeded apart, its own batch), wraps and compiles it, trains `steps` steps and reports what
+`ddp_lab.instruments.compilewatch.CompileWatch` saw, and where module-level backward hooks were
+registered (`BackwardHookSites`). The findings are the registry's check `compile_settings`
+(doctor/checks/compile_settings.py): an error where the user's settings fail (fullgraph), graph
+breaks, recompiles with the same batch, ranks that compile different graphs, each naming the
+user's line.
 
-- graph breaks whose cause lies in the module's own code (DDP's own breaks are not the user's);
-- recompiles after the first step: the same batch every step, so a recompile means forward
-  reads Python state that changes (PyTorch's guard names it);
-- ranks whose compiled graphs differ (ops, not shapes: the ranks' batches differ in length on
-  purpose), or that recompile a different number of times;
-- an exception raised under compile only (the DDP phase ran).
-Each names the line of the user's module that causes it.
+How it compiles: `torch.compile(DDP(model))`, or `DDP(torch.compile(model))` under fullgraph
+(DDP's own forward breaks the graph, torch/nn/parallel/distributed.py:1757
+`self.logger.set_runtime_stats_and_log()`, so fullgraph=True on the DDP wrapper fails for every
+module). Inductor needs a C++ compiler (torch/_inductor/cpp_builder.py:372 get_cpp_compiler);
+without one the graphs run on aot_eager and the report's note says so.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from typing import Any
+
 from .frames import OWN as _OWN_PLACES
-from .report import Finding
+from .inputs import DoctorInputError
 
 OWN = tuple("/" + place for place in _OWN_PLACES)  # as CompileWatch matches a frame's path
 LESSON = "15"
@@ -22,26 +28,91 @@ LESSON = "15"
 # idle 2-core machine and over 20 s at load average 11; the DDP phase, which ran first, already
 # caught a module that hangs
 COMPILE_TIMEOUT = 120.0
+KEYS = ("fullgraph", "dynamic", "backend", "mode")
 
 
-def probe(source, example, steps: int, loss, amp, ddp_kwargs, plan) -> dict:
-    """One rank: the module under DDP and torch.compile, `steps` steps on this rank's batch."""
+def settings_of(compile) -> dict | None:
+    """The user's torch.compile settings from doctor's `compile=` (False/None: no check; True:
+    the doctor's default, aot_eager; a dict of fullgraph, dynamic, backend, mode as given to
+    torch.compile, whose default backend is inductor), with `run`: the backend that will run."""
+    if compile is None or compile is False:
+        return None
+    if compile is True:
+        return {"fullgraph": False, "dynamic": None, "backend": "aot_eager", "mode": None,
+                "run": "aot_eager", "asked": False}
+    if not isinstance(compile, dict):
+        raise DoctorInputError(f"compile must be True or a dict of torch.compile settings "
+                               f"({', '.join(KEYS)}), got {compile!r}")
+    bad = sorted(set(compile) - set(KEYS))
+    if bad:
+        raise DoctorInputError(f"compile: unknown setting(s) {', '.join(bad)}; the doctor takes "
+                               f"{', '.join(KEYS)}")
+    out = {"fullgraph": bool(compile.get("fullgraph", False)), "dynamic": compile.get("dynamic"),
+           "backend": compile.get("backend", "inductor"), "mode": compile.get("mode"), "asked": True}
+    if out["dynamic"] not in (None, True, False):
+        raise DoctorInputError(f"compile: dynamic must be None, True or False, got {out['dynamic']!r}")
+    if not isinstance(out["backend"], str):
+        raise DoctorInputError("compile: backend must be a backend's name (e.g. \"inductor\", "
+                               f"\"aot_eager\"), got {out['backend']!r}")
+    out["run"] = out["backend"] if out["backend"] != "inductor" or cpp_compiler() else "aot_eager"
+    return out
+
+
+def cpp_compiler() -> str:
+    """The C++ compiler inductor would use on CPU, or "" when there is none."""
+    try:
+        from torch._inductor.cpp_builder import get_cpp_compiler
+
+        return get_cpp_compiler()
+    except Exception:  # InvalidCxxCompiler (cpp_builder.py, cpp_compiler_search) and the like
+        return ""
+
+
+def note(settings: dict, steps: int) -> str:
+    """The report's note: how the doctor compiled, and what it did not exercise."""
+    given = ", ".join(f"{k}={settings[k]!r}" for k in KEYS if settings[k] not in (None, False))
+    how = ("DDP(torch.compile(model))" if settings["fullgraph"] else "torch.compile(DDP(model))")
+    ran = f"backend {settings['run']}"
+    if settings["run"] != settings["backend"]:
+        ran += (f" instead of your {settings['backend']} (no C++ compiler on this machine: "
+                "dynamo's graphs, guards and breaks are the same; inductor's kernels are not run)")
+    elif settings["run"] == "aot_eager":
+        ran += " (dynamo's graphs, guards and DDPOptimizer's splits, eager kernels)"
+    return (f"compile: the DDP steps again as {how} with {given or 'the defaults'}, {ran}. "
+            f"Not exercised: every step feeds each rank the same batch shape, {steps} steps, so "
+            "state your loop changes between steps (a length, a sampled width, an attribute "
+            "set from outside) cannot show here: `ddp-lab watch` runs your own script for that")
+
+
+def probe(source, example, steps: int, loss, amp, ddp_kwargs, plan, settings) -> dict:
+    """One rank: the module under DDP and torch.compile with the user's settings, `steps` steps
+    on this rank's batch. Where backward hooks were registered is emitted before the first step,
+    so it comes back even when compiling raises."""
     import torch
 
-    from ..instruments.compilewatch import CompileWatch
+    from ..instruments.compilewatch import BackwardHookSites, CompileWatch
     from ..launching.rankinfo import device, rank_info
     from .dynamic import SEED, wrap
     from .inputs import autocast, call, move
     from .randomness import seed_all
     from .shapes import rank_batch
+    from .sync import emit
 
     rank, dev = rank_info().rank, device()
     seed_all(SEED + rank)
-    model = source.build().to(dev)
+    with BackwardHookSites(OWN) as sites:
+        model = source.build().to(dev)
+    emit("hook_sites", sites.sites)
     batch = move(rank_batch(example, rank, plan), dev)
     torch.compiler.reset()
-    with CompileWatch(own=OWN) as watch:
-        compiled = torch.compile(wrap(model, dev, ddp_kwargs), backend=watch.backend)
+    with CompileWatch(own=OWN, compiler=settings["run"], mode=settings["mode"],
+                      dynamic=settings["dynamic"]) as watch:
+        options = dict(backend=watch.backend, fullgraph=settings["fullgraph"],
+                       dynamic=settings["dynamic"])
+        if settings["fullgraph"]:
+            compiled = wrap(torch.compile(model, **options), dev, ddp_kwargs)
+        else:
+            compiled = torch.compile(wrap(model, dev, ddp_kwargs), **options)
         opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=1e-3)
         for _ in range(steps):
             with autocast(amp, dev.type):
@@ -53,24 +124,89 @@ def probe(source, example, steps: int, loss, amp, ddp_kwargs, plan) -> dict:
     return {"summary": watch.summary(), "graphs": watch.graphs, "lines": watch.lines}
 
 
-def compiled_findings(source, example, steps, loss, amp, ddp_kwargs, plan, world_size, timeout, where):
-    """Launch `probe` on `world_size` ranks; the findings of lesson 15. `where` is
-    frames.code_map of the module (names code shipped by value)."""
-    from ..launching.launcher import launch
+@dataclass
+class CompileEvidence:
+    """What the compile launch brought back, for the registry's judge: per rank, its value
+    (summary, graphs, lines; {} when it raised) and records (hook_sites); the launch itself."""
 
+    ranks: list[dict]
+    run: Any
+    steps: int
+    settings: dict
+    where: dict = field(default_factory=dict)  # frames.code_map of the module
+
+
+def compiled_findings(source, example, steps, loss, amp, ddp_kwargs, plan, world_size, timeout,
+                      where, settings=None):
+    """Launch `probe` on `world_size` ranks; the findings of the registry's compile_settings
+    check. `where` is frames.code_map of the module (names code shipped by value)."""
+    from ..launching.launcher import launch
+    from .checks.compile_settings import CHECK  # the registry's entry, imported by its name:
+    from .sync import records  # another check's import error must not stop this one
+
+    settings = settings or settings_of(True)
     run = launch(probe, source, example, steps=steps, loss=loss, amp=amp, ddp_kwargs=ddp_kwargs,
-                 plan=plan, world_size=world_size, timeout=max(timeout, COMPILE_TIMEOUT),
-                 grace=2.0, label="doctor compile")
-    if run.status != "ok":
-        return [_failed(run, where)]
-    values = run.values
-    return (_breaks(values, where) + _recompiles(values, steps, where)
-            + _differ(values, where))
+                 plan=plan, settings=settings, world_size=world_size,
+                 timeout=max(timeout, COMPILE_TIMEOUT), grace=2.0, label="doctor compile")
+    ranks = [{**records(r.stdout), **(r.value if r.status == "ok" and isinstance(r.value, dict)
+                                      else {})} for r in run.ranks]
+    return CHECK.judge(
+        CompileEvidence(ranks, run, steps, settings, code_ranges(source, where)))
+
+
+def code_ranges(source, where: dict | None) -> dict[str, list[tuple[str, int, int]]]:
+    """{function name: [(file, first line, last line), ...]}: `where` (frames.code_map, one per
+    name) and every function and method of the Python modules that define the user's module
+    classes, so that code shipped by value (`<dynamic-code>`, which keeps its line numbers) is
+    named even when two classes both have an `__init__`, or a helper function registers a hook."""
+    import inspect
+    import sys
+
+    out: dict[str, list] = {}
+    for name, span in (where or {}).items():
+        out.setdefault(name, []).append(span)
+    try:
+        names = {type(m).__module__ for m in source.build().modules()}
+    except Exception:  # the DDP phase built it; nothing more to learn here
+        return out
+    for modname in sorted(n for n in names if n.split(".")[0] not in ("torch", "builtins")):
+        for obj in list(vars(sys.modules.get(modname) or object).values()):
+            if inspect.isclass(obj) and obj.__module__ == modname:
+                functions = list(vars(obj).values())
+            else:
+                functions = [obj] if inspect.isfunction(obj) else []
+            for fn in functions:
+                code = getattr(getattr(fn, "__func__", fn), "__code__", None)
+                try:
+                    lines, first = inspect.getsourcelines(code)
+                except (OSError, TypeError):
+                    continue
+                span = (code.co_filename, first, first + len(lines) - 1)
+                if span not in out.setdefault(code.co_name, []):
+                    out[code.co_name].append(span)
+    return out
 
 
 def place(at: str, where: dict | None) -> str:
     """`file:line in fn: code` for a CompileWatch location, the file named even for code shipped
     by value (`<dynamic-code...>`), the path shortened so the report does not vary by machine."""
+    line = _located(at, where)
+    if not line:
+        return at
+    path, n, fn, code = line
+    return f"{path}:{n} in {fn}" + (f": {code}" if code else "")
+
+
+def user_line(at: str, where: dict | None) -> str:
+    """The same location as Finding.where gives it: `file:line: code`."""
+    line = _located(at, where)
+    if not line:
+        return ""
+    path, n, _, code = line
+    return f"{path}:{n}" + (f": {code}" if code else "")
+
+
+def _located(at: str, where: dict | None):
     import linecache
     import re
 
@@ -78,106 +214,9 @@ def place(at: str, where: dict | None) -> str:
 
     m = re.match(r"(.+):(\d+) in (\S+)$", at or "")
     if not m:
-        return at
+        return None
     path, line, fn = m.group(1), int(m.group(2)), m.group(3)
     if path.startswith("<dynamic-code") and fn in (where or {}):
-        real, first, last = where[fn]
-        path = real if first <= line <= last else path
-    code = linecache.getline(path, line).strip()
-    return f"{short_file(path)}:{line} in {fn}" + (f": {code}" if code else "")
-
-
-def _failed(run, where) -> Finding:
-    from ..instruments.compilewatch import user_frame
-    from .failures import brief
-
-    root = run.root_cause
-    if root.error is None:
-        return Finding("error", "compile-run-failed", LESSON, "the module could not be trained "
-                       "under torch.compile", [brief(run.describe_failure())])
-    at, _ = user_frame(root.error.traceback, OWN)
-    first = root.error.message.strip().splitlines()[0] if root.error.message.strip() else ""
-    return Finding(
-        "error", "fails-under-compile", LESSON,
-        f"rank {root.rank} raised {root.error.type} under torch.compile (not without it)",
-        [f"PyTorch: {brief(first)}"] + ([f"at {place(at, where)}"] if at else []),
-        "the DDP phase ran this module eagerly without error: the failure is torch.compile's "
-        "(often an eager error raised while tracing, with a different type: read the message)")
-
-
-def _breaks(values: list[dict], where) -> list[Finding]:
-    seen: dict = {}
-    for rank, v in enumerate(values):
-        for b in v["summary"]["user_breaks"]:
-            seen.setdefault((b["where"], b["reason"]), []).append(rank)
-    if not seen:
-        return []
-    side = any("side effect" in reason for _, reason in seen)
-    ev = [f"{reason} at {place(at, where)} (rank{'s' if len(r) > 1 else ''} "
-          f"{', '.join(map(str, r))})" for (at, reason), r in seen.items()]
-    fix = ("keep side effects (attribute writes, logging, counters) out of checkpointed functions: "
-           "do them in forward, outside the checkpoint" if side else
-           "make that line traceable (no print, .item(), data-dependent Python branch or "
-           "untraceable call inside forward), or move it out of forward")
-    return [Finding("warning", "graph-break-in-module", LESSON,
-                    f"torch.compile breaks the graph in the module ({len(seen)} place"
-                    f"{'' if len(seen) == 1 else 's'}): the code around it runs uncompiled",
-                    ev + ["PyTorch's reason is quoted; each break also splits DDPOptimizer's "
-                          "graphs, and a break inside a checkpoint runs the whole checkpoint eagerly"],
-                    fix)]
-
-
-def _recompiles(values: list[dict], steps: int, where) -> list[Finding]:
-    later = [sum(v["summary"]["recompiles_per_step"][1:]) for v in values]
-    if not any(later) or steps < 2:
-        return []
-    first = next(r for v in values for r in v["summary"]["recompiles"])
-    every = all(all(n > 0 for n in v["summary"]["recompiles_per_step"][1:]) for v in values)
-    ev = [f"rank {r}: {n} recompile(s) in steps 2-{steps}" for r, n in enumerate(later)]
-    ev.append(f"PyTorch's guard that failed: {first['guard']}"
-              + (f" (at {place(first['where'], where)})" if first["where"] else ""))
-    return [Finding(
-        "warning", "recompiles-every-step" if every else "recompiles-after-first-step", LESSON,
-        "torch.compile recompiles " + ("on every step" if every else "after the first step")
-        + " with the same batch",
-        ev + ["the batch is the same every step, so forward reads Python state that changes "
-              "(an int attribute is a constant of the graph); past "
-              "torch._dynamo.config.recompile_limit (8 in torch 2.13) dynamo runs the function "
-              "uncompiled"],
-        "keep state that changes every call in a tensor (a buffer updated in place), not in a "
-        "Python int or float; or torch._dynamo.config.allow_unspec_int_on_nn_module = True")]
-
-
-def _differ(values: list[dict], where) -> list[Finding]:
-    ops = [v["graphs"] for v in values]
-    if all(o == ops[0] for o in ops[1:]):
-        return []
-    ev = [f"rank {r}: {len(g)} graph(s), {sum(map(len, g))} ops" for r, g in enumerate(ops)]
-    at = _first_difference(values)
-    if at:
-        ev.append(f"the first op only some ranks run comes from {place(at, where)}")
-    return [Finding(
-        "warning", "ranks-compile-different-graphs", LESSON,
-        "the ranks compile different graphs (different ops, not only shapes)",
-        ev + ["each rank compiles (and recompiles) on its own; while one compiles, the others "
-              "wait in DDP's next all-reduce, and a path that depends on the data is compiled "
-              "again wherever it changes"],
-        "make forward take the same path on every rank: pad batches to the same shape, or branch "
-        "on settings rather than on each rank's data")]
-
-
-def _first_difference(values: list[dict]) -> str:
-    """The user line of the first op that one rank's graphs have and rank 0's do not (or the
-    other way round): the ops are aligned as a diff aligns lines."""
-    from difflib import SequenceMatcher
-
-    flat = [[(op, line) for g, ls in zip(v["graphs"], v["lines"]) for op, line in zip(g, ls)]
-            for v in values]
-    for other in flat[1:]:
-        ops = SequenceMatcher(None, [op for op, _ in flat[0]], [op for op, _ in other], autojunk=False)
-        for tag, i1, _, j1, _ in ops.get_opcodes():
-            if tag in ("insert", "replace"):
-                return other[j1][1]
-            if tag == "delete":
-                return flat[0][i1][1]
-    return ""
+        spans = where[fn] if isinstance(where[fn], list) else [where[fn]]
+        path = next((real for real, first, last in spans if first <= line <= last), path)
+    return short_file(path), line, fn, linecache.getline(path, line).strip()

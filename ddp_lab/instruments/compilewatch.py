@@ -8,9 +8,11 @@ DDP, DDPOptimizer hands the backend one graph per bucket-sized piece), dynamo's 
 `recompiles` logs (what `TORCH_LOGS=graph_breaks,recompiles` prints; they also go to the
 rank's stderr), and `torch._dynamo.utils.compilation_time_metrics`.
 
-The graphs run on `aot_eager` (AOTAutograd with no-op compilers): the same capture, guards,
-recompiles and DDPOptimizer splits as inductor, executed by eager kernels -- so it shows what
-compiling costs, not what inductor's kernels would gain.
+The graphs run on `aot_eager` (AOTAutograd with no-op compilers) unless another compiler is
+named: the same capture, guards, recompiles and DDPOptimizer splits as inductor, executed by
+eager kernels -- so it shows what compiling costs, not what inductor's kernels would gain.
+`BackwardHookSites` records where module-level backward hooks are registered: dynamo names the
+module's call when it cannot trace one, never the line that registered it.
 """
 from __future__ import annotations
 
@@ -87,8 +89,12 @@ class CompileWatch:
     torch's `graph_breaks` and `recompiles` logs (`torch._logging.set_logs`); leaving sets torch's
     logging back to its defaults."""
 
-    def __init__(self, own: tuple[str, ...] = ()):
+    def __init__(self, own: tuple[str, ...] = (), compiler: str = "aot_eager",
+                 mode: str | None = None, dynamic: bool | None = None):
         self.own = own  # more file fragments that are not the user's code (the doctor's)
+        # what compiles each graph after it is recorded: "aot_eager" (backward runs counted),
+        # "inductor" (with torch.compile's `mode`), or any backend name dynamo knows
+        self.compiler, self.mode, self.dynamic = compiler, mode, dynamic
         self.graphs: list[list[str]] = []  # each compiled graph's ops, in order
         self.lines: list[list[str]] = []  # each compiled graph's ops' user lines
         self.reasons: list[str] = []  # why each graph ends where it does, when torch says why
@@ -106,7 +112,18 @@ class CompileWatch:
         self.lines.append([user_frame(n.meta.get("stack_trace") or "", self.own)[0] for n in nodes])
         why = getattr(gm, "compile_subgraph_reason", None)  # DDPOptimizer sets it on its splits
         self.reasons.append(str(why.reason) if why is not None and why.graph_break else "")
-        return aot_eager(gm, example_inputs, bw_compiler=self._counted_backward, **kwargs)
+        if self.compiler == "aot_eager":
+            return aot_eager(gm, example_inputs, bw_compiler=self._counted_backward, **kwargs)
+        return self._compiler()(gm, example_inputs)
+
+    def _compiler(self):
+        """The backend torch.compile itself would use for `self.compiler`: for inductor, the
+        wrapper that applies `mode` (torch/__init__.py:2414, _TorchCompileInductorWrapper)."""
+        import torch
+
+        if self.compiler == "inductor":
+            return torch._TorchCompileInductorWrapper(self.mode, None, self.dynamic)
+        return torch._dynamo.lookup_backend(self.compiler)
 
     def _counted_backward(self, gm, example_inputs):
         from torch._dynamo.backends.debugging import boxed_nop
@@ -198,6 +215,67 @@ class CompileWatch:
                 "user_breaks": [vars(b) for b in self.user_breaks()],
                 "user_break_count": len(self.user_breaks()),
                 "backward_runs": self.backward_runs}
+
+
+# the registrations of module-level backward hooks: nn.Module's methods
+# (torch/nn/modules/module.py:1385, 1434, 1460) and the global ones of that module (:296, 325, 352)
+MODULE_HOOKS = ("register_full_backward_hook", "register_backward_hook",
+                "register_full_backward_pre_hook")
+GLOBAL_HOOKS = ("register_module_full_backward_hook", "register_module_backward_hook",
+                "register_module_full_backward_pre_hook")
+
+
+class BackwardHookSites:
+    """`with BackwardHookSites() as sites:` records every module-level backward hook registered
+    inside, with the user's line that registered it (`sites.sites`: {"call", "module", "where"}).
+    Dynamo cannot trace a module that has one without compiled autograd
+    (torch/_dynamo/variables/distributed.py:174, "Module-level backwards hooks require compiled
+    autograd."), and its error names the module's call in forward, not the registration."""
+
+    def __init__(self, own: tuple[str, ...] = ()):
+        self.own = own
+        self.sites: list[dict] = []
+        self._saved: list[tuple] = []
+
+    def __enter__(self) -> "BackwardHookSites":
+        import torch.nn.modules.module as mm
+        from torch import nn
+
+        for owner, names, bound in ((nn.Module, MODULE_HOOKS, True), (mm, GLOBAL_HOOKS, False)):
+            for name in names:
+                original = getattr(owner, name)
+                self._saved.append((owner, name, original))
+                setattr(owner, name, self._recording(original, name, bound))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for owner, name, original in reversed(self._saved):
+            setattr(owner, name, original)
+        self._saved.clear()
+
+    def _recording(self, original, name: str, bound: bool):
+        import functools
+        import sys
+
+        @functools.wraps(original)
+        def registering(*args, **kwargs):
+            module = type(args[0]).__name__ if bound and args else "every module"
+            self.sites.append({"call": name, "module": module,
+                               "where": caller(sys._getframe(1), self.own)})
+            return original(*args, **kwargs)
+
+        return registering
+
+
+def caller(frame, own: tuple[str, ...] = ()) -> str:
+    """"path:line in function" of the innermost frame from `frame` outwards that is the user's
+    (not torch's, Python's or ddp_lab's plumbing, nor in `own`); "" if none is."""
+    while frame is not None:
+        path = frame.f_code.co_filename.replace("\\", "/")
+        if not any(s in path for s in _LIBRARY + own):
+            return f"{frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}"
+        frame = frame.f_back
+    return ""
 
 
 def _compile_seconds() -> float:
