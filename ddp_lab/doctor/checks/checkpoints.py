@@ -123,33 +123,41 @@ def same_storage(a, b) -> bool:
         return False
 
 
+HOOKS = ("_forward_pre_hooks", "_forward_hooks", "_forward_hooks_with_kwargs",
+         "_forward_pre_hooks_with_kwargs", "_forward_hooks_always_called", "_backward_hooks",
+         "_backward_pre_hooks", "_state_dict_hooks", "_state_dict_pre_hooks",
+         "_load_state_dict_pre_hooks", "_load_state_dict_post_hooks")
+
+
 def fresh_copy(module):
-    """A new plain module of the same structure (FSDP2: DTensor params become plain tensors of
-    the full shape, its classes and hooks removed)."""
+    """A new plain module of the same structure: a deepcopy, or where the module refuses one
+    (FSDP2's FSDP<Cls> classes raise in __deepcopy__: fsdp/_fully_shard/_fully_shard.py:294, 299-302)
+    a skeleton of the original classes with empty plain tensors of the full shapes."""
     import copy
 
+    if not any(is_dtensor(t) for t in module.state_dict().values()):
+        return copy.deepcopy(module)
+    return skeleton(module)
+
+
+def skeleton(m):
     import torch
 
-    memo = {}
-    for t in list(module.parameters()) + list(module.buffers()):
-        if is_dtensor(t):
-            plain = torch.empty(t.shape, dtype=t.dtype)
-            memo[id(t)] = torch.nn.Parameter(plain, t.requires_grad) if isinstance(
-                t, torch.nn.Parameter) else plain
-    for m in module.modules():
-        for name in ("_forward_pre_hooks", "_forward_hooks", "_state_dict_hooks",
-                     "_state_dict_pre_hooks", "_load_state_dict_pre_hooks",
-                     "_load_state_dict_post_hooks", "_forward_hooks_with_kwargs",
-                     "_forward_pre_hooks_with_kwargs", "_backward_hooks", "_backward_pre_hooks"):
-            hooks = getattr(m, name, None)
-            if hooks:
-                memo[id(hooks)] = type(hooks)()
-    out = copy.deepcopy(module, memo)
-    for m in out.modules():
-        cls = type(m)
-        if cls.__name__.startswith("FSDP") and len(cls.__bases__) == 2:
-            m.__class__ = cls.__bases__[1]  # fully_shard made FSDP<Cls>(FSDPModule, Cls)
-    return out
+    cls = type(m)
+    if cls.__name__.startswith("FSDP") and len(cls.__bases__) == 2:
+        cls = cls.__bases__[1]  # fully_shard made FSDP<Cls>(FSDPModule, Cls)
+    new = cls.__new__(cls)
+    state = dict(m.__dict__)
+    for name in HOOKS:
+        if name in state:
+            state[name] = type(state[name])()
+    state["_parameters"] = {k: None if p is None else torch.nn.Parameter(
+        torch.empty(p.shape, dtype=p.dtype), p.requires_grad) for k, p in m._parameters.items()}
+    state["_buffers"] = {k: None if b is None else torch.empty(b.shape, dtype=b.dtype)
+                         for k, b in m._buffers.items()}
+    state["_modules"] = {k: None if c is None else skeleton(c) for k, c in m._modules.items()}
+    new.__dict__.update(state)
+    return new
 
 
 # --- torch.save ---------------------------------------------------------------------------------
