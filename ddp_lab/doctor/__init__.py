@@ -32,7 +32,8 @@ GRACE = 2.0  # seconds the other ranks get after one fails before their stacks a
 def doctor(model, example_input, *, world_size: int = 2, steps: int = 3,
            loss_fn: Callable | None = None, amp: str | None = None,
            ddp_kwargs: dict | None = None, timeout: float = 60,
-           strategy: str = "ddp", compile: bool | dict = False, tp_plan=None) -> Report:
+           strategy: str = "ddp", compile: bool | dict = False, tp_plan=None,
+           parallelize: Callable | None = None) -> Report:
     """Diagnose `model` (an nn.Module class, a zero-argument factory, or an instance) fed with
     `example_input` (a tensor, a tuple of forward's positional arguments, a dict of its keyword
     arguments, or a callable rank -> batch). A fixed input is perturbed per rank, and cut to
@@ -45,8 +46,12 @@ def doctor(model, example_input, *, world_size: int = 2, steps: int = 3,
     steps are run. `amp` ("bf16" or "fp16") runs forward under torch.autocast. `strategy`
     "fsdp2" or "zero3" adds the sharded checks of doctor/sharded.py (one more launch, the
     module sharded); "tp" adds doctor/tensor_parallel.py's check (one more launch, the module
-    split by `tp_plan`, its own `tp_plan`, or a traced colwise/rowwise plan of its Linear layers,
-    compared with the module whole). `compile=True` adds the compile check of doctor/compiled.py
+    split by `tp_plan` or its own `tp_plan`,
+    compared with the module whole over SGD steps);
+    `parallelize=fn(model, mesh)` is your own split instead of a plan (parallelize_module and
+    whatever you do after it). Every strategy but zero3 also saves and reloads the module as
+    users do (doctor/roundtrip.py: torch.save under ddp, torch.distributed.checkpoint under tp
+    and fsdp2). `compile=True` adds the compile check of doctor/compiled.py
     (one more launch: the DDP steps under torch.compile, aot_eager); `compile={"fullgraph": True,
     "dynamic": False, "backend": "aot_eager", "mode": None}` compiles as you do (backend
     inductor by default, as torch.compile's; aot_eager where no C++ compiler is found, said in
@@ -57,11 +62,12 @@ def doctor(model, example_input, *, world_size: int = 2, steps: int = 3,
     when the doctor's own code fails on a rank.
     """
     from . import frames, inputs, shapes, static
+    from .roundtrip import code_of
 
     start = time.time()
     _validate_args(world_size, steps, timeout)
     _validate_strategy(strategy)
-    _validate_tp(strategy, tp_plan, amp)
+    _validate_tp(strategy, tp_plan, amp, parallelize)
     inputs.validate_amp(amp)
     inputs.validate_loss(loss_fn)
     settings = validated_ddp_kwargs(ddp_kwargs)
@@ -74,17 +80,24 @@ def doctor(model, example_input, *, world_size: int = 2, steps: int = 3,
     out = inputs.validate_fit(instance, inputs.batch_for(example_input, 0), source.name, amp, loss_fn)
     plan = shapes.plan(instance, example_input, amp) if world_size > 1 else None
     where = frames.code_map(instance)
+    if parallelize is not None:  # the user's split, named by its file on the ranks too
+        where.update(code_of(parallelize))
     del instance
     notes = [loss.describe(out), shapes.describe(example_input, plan, world_size),
              settings_note(settings), not_exercised(steps, amp)]
     run, dynamic = _run_ranks(source, example_input, world_size, steps, loss, amp, timeout,
                               settings, plan, where)
+    if strategy == "ddp":  # the checkpoint round trip (doctor/roundtrip.py); tp, fsdp2: their launch
+        from .checks.roundtrip import torch_save_findings
+        dynamic += torch_save_findings(source, example_input, where)
     if strategy == "tp":
         from .tensor_parallel import tensor_parallel_findings
-        dynamic += tensor_parallel_findings(source, example_input, world_size, timeout, tp_plan)[1]
+        dynamic += tensor_parallel_findings(source, example_input, world_size, timeout, tp_plan,
+                                            parallelize, where)[1]
     elif strategy != "ddp":
         from .sharded import sharded_findings
-        dynamic += sharded_findings(source, example_input, strategy, world_size, timeout, amp)[1]
+        dynamic += sharded_findings(source, example_input, strategy, world_size, timeout, amp,
+                                    where)[1]
     if compiling:
         notes.append(_compile_check(dynamic, run, source, example_input, steps, loss, amp,
                                     settings, plan, world_size, timeout, where, compiling))
@@ -129,10 +142,10 @@ def _validate_strategy(strategy) -> None:
         raise DoctorInputError(f"strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
 
 
-def _validate_tp(strategy, tp_plan, amp) -> None:
+def _validate_tp(strategy, tp_plan, amp, parallelize=None) -> None:
     from .tensor_parallel import validate_tp_args
 
-    validate_tp_args(strategy, tp_plan, amp)
+    validate_tp_args(strategy, tp_plan, amp, parallelize)
 
 
 def _require_trainable(instance, name: str, findings: list[Finding]) -> None:

@@ -126,7 +126,7 @@ def _fsdp2_forward(model, units, batch, amp, seen: dict | None):
     return out
 
 
-def probe(source, example, strategy: str, amp: str | None = None) -> dict:
+def probe(source, example, strategy: str, amp: str | None = None, folder: str = "") -> dict:
     """What one rank sees: ties across units, reads outside a unit's forward, mixed
     requires_grad, and the sharded run's own error."""
     import torch
@@ -147,6 +147,9 @@ def probe(source, example, strategy: str, amp: str | None = None) -> dict:
              "mixed": mixed_grad_units(model, units, own),
              "error": sharded_step(model, units, batch, strategy, amp, seen)}
     (seen or {}).pop("reference", None)  # tensors: only plain data leaves a rank
+    if folder and strategy == "fsdp2" and not found["error"]:  # doctor/roundtrip.py
+        from .roundtrip import fsdp2_round_trip
+        found["round_trip"] = fsdp2_round_trip(source, batch, folder)
     return {**found, **(seen or {})}
 
 
@@ -159,12 +162,19 @@ def _bf16_reference(model, batch) -> dict:
 
 
 def sharded_findings(source, example, strategy: str, world_size: int, timeout: float,
-                     amp: str | None = None):
+                     amp: str | None = None, where: dict | None = None):
     """Launch `probe` on `world_size` ranks; (RunResult, findings of lesson 12)."""
     from ..launching.launcher import launch
 
-    run = launch(probe, source, example, strategy=strategy, amp=amp, world_size=world_size,
-                 timeout=timeout, grace=2.0, label=f"doctor {strategy}")
+    import shutil
+    import tempfile
+
+    folder = tempfile.mkdtemp(prefix="ddp-lab-dcp-")  # the round trip's checkpoint
+    try:
+        run = launch(probe, source, example, strategy=strategy, amp=amp, folder=folder,
+                     world_size=world_size, timeout=timeout, grace=2.0, label=f"doctor {strategy}")
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
     values = [r.value for r in run.ranks if r.status == "ok" and r.value]
     if not values:
         first = run.root_cause.error if run.root_cause and run.root_cause.error else None
@@ -173,6 +183,10 @@ def sharded_findings(source, example, strategy: str, world_size: int, timeout: f
                              f"the module could not be checked under {strategy}",
                              [brief(why)], fix="see the message: the rank failed before the "
                              "checks could run")]
+    trips = [v.get("round_trip") for v in values]
+    if len(values) == world_size and all(trips):
+        from .checks.roundtrip import judge_records
+        return run, findings(values[0], strategy) + judge_records(trips, source, where)
     return run, findings(values[0], strategy)
 
 

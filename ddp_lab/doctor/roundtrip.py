@@ -1,0 +1,246 @@
+"""The doctor's checkpoint round trip, under every strategy it runs: the module saved as users
+save it, loaded into a fresh module (built from another seed, split or sharded the same way),
+and compared value by value with what was saved.
+
+- DDP (`torch_save_round_trip`, in this process): `torch.save` of the state dict, then
+  `load_state_dict(torch.load(...))` into a fresh module.
+- tensor parallel and FSDP2 (`dcp_round_trip`, on each rank of their launch):
+  `torch.distributed.checkpoint.save` of `model.state_dict()`, then `dcp.load(sd)` into the
+  fresh module's own `state_dict()`: DCP loads IN PLACE, into the tensors that state dict holds
+  (state_dict_loader.py:88-95 in torch 2.13), so a tensor that is a copy of a parameter gets the
+  values and the parameter does not. `model.load_state_dict(sd)` is then called as DCP's own
+  docstring asks (state_dict_loader.py:94-95), and compared again.
+
+What does not come back is a finding ("checkpoint-round-trip-lost") naming the tensors, by how
+much, and why: a plain (non-DTensor) tensor whose value differs between ranks, which DCP's save
+planner keeps from one rank only (_dedup_save_plans.py:42-55: every rank writes the same
+MetadataIndex(fqn, offsets 0), planner_helpers.py:208-209, and one plan keeps it); a
+state-dict hook returning copies; a tensor outside the state dict (a non-persistent buffer).
+"""
+from __future__ import annotations
+
+import inspect
+import os
+import re
+
+from .report import Finding
+
+TOLERANCE = 1e-6  # absolute: a round trip copies bytes, nothing is recomputed
+SEED_SAVED, SEED_FRESH = 0, 12345
+
+
+def local(t):
+    t = t.detach()
+    return (t.to_local() if hasattr(t, "to_local") else t).clone()
+
+
+def snapshot(model) -> dict:
+    """name -> this rank's local values of every parameter and buffer (tied names included)."""
+    out = {n: local(p) for n, p in model.named_parameters(remove_duplicate=False)}
+    out.update({n: local(b) for n, b in model.named_buffers(remove_duplicate=False)})
+    return out
+
+
+def differences(saved: dict, now: dict) -> dict:
+    """name -> max |saved - now| for tensors of the same shape that differ."""
+    out = {}
+    for name, a in saved.items():
+        b = now.get(name)
+        if b is None or b.shape != a.shape or not a.is_floating_point():
+            continue
+        d = float((a - b).abs().max()) if a.numel() else 0.0
+        if d > TOLERANCE:
+            out[name] = d
+    return out
+
+
+def plain_differing(model) -> list[str]:
+    """Plain tensors (not DTensors) in the state dict whose values differ between ranks."""
+    import torch
+    import torch.distributed as dist
+
+    names = [n for n, t in model.state_dict().items()
+             if isinstance(t, torch.Tensor) and not hasattr(t, "to_local")]
+    sums = torch.tensor([float(model.state_dict()[n].double().sum()) if model.state_dict()[n].is_floating_point() else 0.0
+                         for n in names] + [0.0], dtype=torch.float64)
+    every = [torch.zeros_like(sums) for _ in range(dist.get_world_size())]
+    dist.all_gather(every, sums)
+    return [n for i, n in enumerate(names) if any(abs(float(e[i] - every[0][i])) > TOLERANCE
+                                                    for e in every)]
+
+
+def eval_output(model, batch):
+    import torch
+
+    from .inputs import call, floating_tensors
+
+    was = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            outs = [local(t) for t in floating_tensors(call(model, batch))]
+    finally:
+        model.train(was)
+    return outs
+
+
+def output_difference(a: list, b: list) -> float:
+    return max((float((x - y).abs().max()) for x, y in zip(a, b) if x.shape == y.shape),
+               default=0.0)
+
+
+def dcp_round_trip(saved, build_fresh, batch, folder: str) -> dict:
+    """On each rank: `saved` (split or sharded, trained) saved with DCP into `folder`, a fresh
+    module from `build_fresh()` (split or sharded the same way) loaded in place, then with
+    load_state_dict; plain data of what did not come back."""
+    import torch.distributed.checkpoint as dcp
+
+    before, out_before = snapshot(saved), eval_output(saved, batch)
+    differing = plain_differing(saved)
+    keys = set(saved.state_dict())
+    dcp.save(saved.state_dict(), checkpoint_id=folder)
+    fresh = build_fresh()
+    sd = fresh.state_dict()
+    dcp.load(sd, checkpoint_id=folder)
+    in_place = differences(before, snapshot(fresh))
+    error = ""
+    try:
+        fresh.load_state_dict(sd)
+    except Exception as exc:  # PyTorch's own message is the evidence
+        error = f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
+    lost = differences(before, snapshot(fresh))
+    return {"how": "dcp", "lost": lost, "in_place_only": {k: v for k, v in in_place.items()
+                                                          if k not in lost},
+            "plain_differing": differing, "outside": sorted(set(before) - keys),
+            "output": output_difference(out_before, eval_output(fresh, batch)),
+            "load_error": error}
+
+
+def fsdp2_round_trip(source, batch, folder: str) -> dict:
+    """On each rank under FSDP2: the module built from one seed on every rank (as users seed),
+    sharded as doctor/sharded.py plans its units, one SGD step, then `dcp_round_trip`."""
+    import torch
+    from torch.distributed.fsdp import fully_shard
+
+    from .inputs import call, default_loss
+    from .sharded import plan
+
+    def build(seed):
+        torch.manual_seed(seed)
+        model = source.build()
+        for unit in plan(model):
+            fully_shard(unit)
+        return model
+
+    saved = build(SEED_SAVED)
+    default_loss(call(saved, batch)).backward()
+    torch.optim.SGD(saved.parameters(), lr=0.1).step()
+    return dcp_round_trip(saved, lambda: build(SEED_FRESH), batch, folder)
+
+
+def torch_save_round_trip(source, example) -> dict:
+    """In this process, as a DDP user saves (rank 0's `torch.save(model.state_dict())`) and
+    resumes (`load_state_dict(torch.load(...))`): one step taken first, so state that training
+    changes (running statistics, counters) has moved from its initial value."""
+    import io
+
+    import torch
+
+    from .inputs import batch_for, call, default_loss
+
+    batch = batch_for(example, 0)
+    torch.manual_seed(SEED_SAVED)
+    saved = source.build()
+    default_loss(call(saved, batch)).backward()
+    torch.optim.SGD(saved.parameters(), lr=0.1).step()
+    before, out_before = snapshot(saved), eval_output(saved, batch)
+    keys = set(saved.state_dict())
+    buf = io.BytesIO()
+    torch.save(saved.state_dict(), buf)
+    buf.seek(0)
+    torch.manual_seed(SEED_FRESH)
+    fresh = source.build()
+    error = ""
+    try:
+        fresh.load_state_dict(torch.load(buf, weights_only=False))
+    except Exception as exc:  # PyTorch's own message is the evidence
+        error = f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
+    return {"how": "torch.save", "lost": differences(before, snapshot(fresh)), "in_place_only": {},
+            "plain_differing": [], "outside": sorted(set(before) - keys),
+            "output": output_difference(out_before, eval_output(fresh, batch)),
+            "load_error": error}
+
+
+# --- where the cause is in the user's code (in the parent, from one bare instance) ----------
+
+def user_line(filename: str, lineno: int, func: str, where: dict | None = None) -> str:
+    """`file.py:12: text`; code shipped to the ranks by value (`<dynamic-code...>`) is named
+    by its file through `where` ({function name: (file, first, last)})."""
+    import linecache
+
+    from .frames import short_file
+
+    if filename.startswith("<dynamic-code") and func in (where or {}):
+        real, first, last = where[func]
+        filename = real if first <= lineno <= last else filename
+    text = linecache.getline(filename, lineno).strip()
+    return f"{short_file(filename)}:{lineno}: {text}" if text else ""
+
+
+def code_of(fn) -> dict:
+    """{function name: (file, first line, last line)} of `fn` (the user's parallelize), as
+    frames.code_map gives for the module's methods."""
+    code = getattr(fn, "__code__", None)
+    try:
+        lines, first = inspect.getsourcelines(code)
+    except (OSError, TypeError):
+        return {}
+    return {code.co_name: (code.co_filename, first, first + len(lines) - 1)}
+
+
+def _class_lines(module):
+    """(file, first line, lines) of the user's classes in `module`'s MRO (not torch's)."""
+    for cls in type(module).__mro__:
+        if cls.__module__.split(".")[0] in ("torch", "builtins"):
+            continue
+        try:
+            lines, first = inspect.getsourcelines(cls)
+            yield inspect.getsourcefile(cls), first, lines
+        except (OSError, TypeError):
+            continue
+
+
+def _find(module, pattern: re.Pattern) -> str:
+    from .frames import short_file
+
+    for path, first, lines in _class_lines(module):
+        for i, text in enumerate(lines):
+            if pattern.search(text):
+                return f"{short_file(path)}:{first + i}: {text.strip()}"
+    return ""
+
+
+HOOK = re.compile(r"(_register_state_dict_hook|register_state_dict_post_hook)\(")
+
+
+def hook_sites(model) -> dict:
+    """{module name: the line registering its state-dict hook} for modules that have one."""
+    return {n: _find(m, HOOK) for n, m in model.named_modules() if m._state_dict_hooks}
+
+
+def buffer_site(model, name: str) -> str:
+    """The line registering buffer `name` ("a.b.stats"), found in its module's class."""
+    owner, _, short = name.rpartition(".")
+    try:
+        module = model.get_submodule(owner)
+    except AttributeError:
+        return ""
+    return _find(module, re.compile(r"register_buffer\(\s*['\"]" + re.escape(short) + "['\"]"))
+
+
+def sites(model) -> dict:
+    """What the parent knows about the user's lines: hooks and non-persistent buffers."""
+    persistent = set(model.state_dict())
+    return {"hooks": hook_sites(model),
+            "buffers": {n: buffer_site(model, n) for n, _ in model.named_buffers()
+                        if n not in persistent}}
