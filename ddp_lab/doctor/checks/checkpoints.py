@@ -318,7 +318,31 @@ def attach(ctx) -> None:
 
     torch.save = torch_save
     torch.serialization.save = torch_save
+    load_state_dict = torch.nn.Module.load_state_dict
+
+    def module_load_state_dict(self, state_dict, *args, **kwargs):
+        out = load_state_dict(self, state_dict, *args, **kwargs)
+        if not ctx.checking:
+            strict = kwargs.get("strict", args[0] if args else True)
+            ctx.guard(loaded_nothing)(ctx, self, state_dict, out, strict)
+        return out
+
+    torch.nn.Module.load_state_dict = module_load_state_dict
     attach_dcp(ctx)
+
+
+def loaded_nothing(ctx, module, state_dict, out, strict) -> None:
+    """load_state_dict(strict=False) that matched none of the module's keys: it loaded nothing
+    and said nothing (torch/nn/modules/module.py:2621-2635: missing and unexpected keys are
+    errors only when strict)."""
+    if strict or not hasattr(out, "missing_keys") or not len(state_dict):
+        return
+    own = len(module.state_dict())
+    if own and len(out.missing_keys) >= own:
+        ctx.add("loaded-nothing", {"where": ctx.user_line(), "type": type(module).__name__,
+                                   "missing": len(out.missing_keys),
+                                   "unexpected": [str(k) for k in out.unexpected_keys][:4],
+                                   "unexpected_count": len(out.unexpected_keys)})
 
 
 def attach_dcp(ctx) -> None:
@@ -446,8 +470,27 @@ def judge_dcp(ev) -> list[Finding]:
     return out
 
 
+def judge_loads(ev) -> list[Finding]:
+    out = []
+    for where, items in _first(ev, "loaded-nothing").items():
+        rank, item = items[0]
+        out.append(Finding(
+            "error", "checkpoint-does-not-reload", "09",
+            "load_state_dict(strict=False) loaded none of the model's tensors", [
+                f"rank {rank}: {item['type']}.load_state_dict matched none of its "
+                f"{item['missing']} keys; the state's keys were "
+                + ", ".join(repr(k) for k in item["unexpected"])
+                + (" ..." if item.get("unexpected_count", 0) > len(item["unexpected"]) else ""),
+                "strict=False turns the key mismatch PyTorch would raise into a silent no-op: "
+                "the model keeps the values it had"],
+            fix="pass the model's own state dict (checkpoint['model'], without a 'module.' or "
+                "'_orig_mod.' prefix) and load with strict=True, or check the returned "
+                "missing_keys", where=where))
+    return out
+
+
 def judge(ev) -> list[Finding]:
-    return judge_saves(ev) + judge_dcp(ev)
+    return judge_saves(ev) + judge_loads(ev) + judge_dcp(ev)
 
 
 CHECK = Check(
