@@ -1,0 +1,94 @@
+"""The checkpoints check (ddp_lab/doctor/checks/checkpoints.py): each code fails on a corpus
+case's broken script and stays silent on its fixed one, each run under watch on 2 real ranks.
+
+    checkpoint-does-not-reload  30 (DDP's "module." prefix), 32 (FSDP2 shards saved by rank 0),
+                                35 (load_state_dict(strict=False) that loads nothing)
+    dcp-values-lost             33 (a hand-sharded plain tensor under one key)
+    dcp-load-into-copy          34 (dcp.load into CPU copies of the model's tensors)
+"""
+import tomllib
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+
+CORPUS = Path(__file__).parents[2] / "corpus" / "watch"
+CODES = ("checkpoint-does-not-reload", "dcp-values-lost", "dcp-load-into-copy")
+CASES = [("30_ddp_module_prefix", "checkpoint-does-not-reload"),
+         ("32_fsdp2_rank0_saves_shards", "checkpoint-does-not-reload"),
+         ("35_strict_false_loads_nothing", "checkpoint-does-not-reload"),
+         ("33_dcp_dedup_per_rank_tensor", "dcp-values-lost"),
+         ("34_dcp_load_into_copy", "dcp-load-into-copy")]
+
+
+@lru_cache(maxsize=None)
+def report(case: str, script: str):
+    from ddp_lab.doctor.watch.script_mode import watch_script
+
+    return watch_script(str(CORPUS / case / script), nproc=2, timeout=90, checks=["checkpoints"])
+
+
+def fault_line(case: str) -> int:
+    fault = tomllib.loads((CORPUS / case / "case.toml").read_text())["fault"]
+    lines = (CORPUS / case / "broken.py").read_text().splitlines()
+    found = [i + 1 for i, line in enumerate(lines) if fault in line]
+    assert len(found) == 1, (case, fault, found)
+    return found[0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case,code", CASES)
+def test_broken_script_gets_the_code_at_its_line(case, code):
+    rep = report(case, "broken.py")
+    hits = [f for f in rep.findings if f.code == code]
+    assert hits, [(f.code, f.title) for f in rep.findings] + rep.notes
+    f = hits[0]
+    assert f.severity == "error"
+    assert f.where.startswith(f"broken.py:{fault_line(case)}: "), f.where
+    assert tomllib.loads((CORPUS / case / "case.toml").read_text())["fault"] in f.where
+    assert f.evidence and f.fix
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case,code", CASES)
+def test_fixed_script_gets_none_of_the_codes(case, code):
+    rep = report(case, "fixed.py")
+    assert rep.status == "ok", rep.notes
+    assert not [f for f in rep.findings if f.code in CODES], [(f.code, f.evidence) for f in rep.findings]
+    assert not [n for n in rep.notes if "hook failed" in n], rep.notes
+
+
+@pytest.mark.slow
+def test_the_reload_error_is_pytorchs_own_message():
+    f = next(f for f in report("30_ddp_module_prefix", "broken.py").findings
+             if f.code == "checkpoint-does-not-reload")
+    assert "Error(s) in loading state_dict for Net" in f.evidence[0]
+    assert 'Unexpected key(s) in state_dict: "module.fc1.weight"' in f.evidence[0]
+    shards = next(f for f in report("32_fsdp2_rank0_saves_shards", "broken.py").findings
+                  if f.code == "checkpoint-does-not-reload")
+    assert "mixed torch.Tensor and DTensor" in shards.evidence[0]
+
+
+# --- the state-dict matching, without ranks --------------------------------------------------
+
+def test_match_finds_the_wrappers_prefix_and_rejects_other_state():
+    from ddp_lab.doctor.checks.checkpoints import match
+
+    keys = ["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"]
+    assert match(dict.fromkeys(keys), keys) == ""
+    assert match({f"module.{k}": 0 for k in keys}, keys) == "module."
+    assert match({f"_orig_mod.{k}": 0 for k in keys}, keys) == "_orig_mod."
+    assert match({"state": 0, "param_groups": 0}, keys) is None  # an optimizer's state
+    assert match({"fc1.weight": 0}, keys) is None  # a quarter of the model is not its state
+
+
+def test_fresh_copy_is_a_new_plain_module_with_the_same_keys():
+    import torch
+
+    from ddp_lab.doctor.checks.checkpoints import fresh_copy
+
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))
+    copy = fresh_copy(model)
+    assert copy is not model and list(copy.state_dict()) == list(model.state_dict())
+    copy[0].weight.data.zero_()
+    assert model[0].weight.abs().sum() > 0  # not sharing storage with the live model
