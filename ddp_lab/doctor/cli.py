@@ -40,6 +40,10 @@ def configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--tp-plan", dest="tp_plan_expr", metavar="EXPR",
                    help="with --strategy tp: your plan, e.g. "
                         "\"{'up': 'colwise', 'down': 'rowwise'}\"")
+    p.add_argument("--parallelize", dest="parallelize_spec", metavar="PATH:FN",
+                   help="with --strategy tp: your own split, a function (model, mesh) in a file, "
+                        "e.g. train.py:parallelize (parallelize_module and whatever you do after "
+                        "it); FN alone names one in the module's file")
     p.add_argument("--compile", action="store_true",
                    help="also train under torch.compile: graph breaks, recompiles, ranks whose "
                         "graphs differ")
@@ -80,7 +84,7 @@ def run(args) -> int:
         report = doctor(model, example, world_size=args.world_size, steps=args.steps,
                         amp=args.amp, timeout=args.timeout, loss_fn=loss_fn,
                         ddp_kwargs=settings, strategy=args.strategy, compile=_compile(args),
-                        tp_plan=tp_plan)
+                        tp_plan=tp_plan, parallelize=_parallelize(args, module))
     except DoctorInputError as exc:
         print(f"ddp-lab doctor: {exc}", file=sys.stderr)
         return 2
@@ -100,6 +104,20 @@ def _compile(args):
              "mode": getattr(args, "compile_mode", None)}
     given = {k: v for k, v in given.items() if v is not None}
     return given or bool(args.compile)
+
+
+def _parallelize(args, module):
+    """--parallelize path/to/file.py:fn, or fn in the module's own file."""
+    from .inputs import DoctorInputError
+    from .loader import load_target
+
+    spec = getattr(args, "parallelize_spec", None)
+    if not spec:
+        return None
+    fn = load_target(spec)[0] if ":" in spec else getattr(module, spec, None)
+    if not callable(fn):
+        raise DoctorInputError(f"--parallelize {spec}: not a function (model, mesh)")
+    return fn
 
 
 def _tp_plan(args, module):
