@@ -46,14 +46,23 @@ class Check:
             raise ValueError(f"check {self.name}: codes must map each code to one of {sorted(levels)}")
 
 
+BROKEN: dict[str, str] = {}  # module -> why it did not import (tests/doctor/checks/test_registry.py fails on any)
+
+
 @lru_cache(maxsize=None)
 def registry() -> dict[str, Check]:
-    """name -> Check, for every module of this package that defines CHECK, in judging order."""
+    """name -> Check, for every module of this package that defines CHECK, in judging order.
+    A check module that fails to import is left out and named in BROKEN (one check's bug must
+    not take watch or the doctor down; the registry's test fails on it)."""
     found = []
     for info in pkgutil.iter_modules(__path__):
         if info.name.startswith("_"):
             continue
-        module = importlib.import_module(f"{__name__}.{info.name}")
+        try:
+            module = importlib.import_module(f"{__name__}.{info.name}")
+        except Exception as exc:  # noqa: BLE001
+            BROKEN[info.name] = f"{type(exc).__name__}: {exc}"
+            continue
         check = getattr(module, "CHECK", None)
         if isinstance(check, Check):
             found.append(check)

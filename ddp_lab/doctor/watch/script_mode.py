@@ -245,11 +245,11 @@ class _Progress:
         return out
 
     def _loop(self) -> None:
-        last, shown = None, 0.0
+        last, shown = None, time.time()  # a run of a few seconds prints nothing
         while not self.stop.wait(0.5):
             steps = self._steps()
             now = time.time()
-            if steps != last and (self.tty or now - shown > 10):
+            if steps != last and now - shown > (1 if self.tty else 10):
                 text = f"watch {self.name}: steps done per rank {steps}"
                 self.stream.write(("\r" + text) if self.tty else text + "\n")
                 self.stream.flush()
@@ -299,12 +299,16 @@ class _nothing:
         return False
 
 
-def _output(run) -> str:
+def _output(run, ranks=()) -> str:
+    """The failing rank's traceback from the user's first frame (watch's and runpy's folded
+    away), else what it wrote to stderr."""
     root = run.root_cause or (run.ranks[0] if run.ranks else None)
     if root is None:
         return ""
-    text = (root.stderr or "").strip() or (root.error.traceback if root.error else "")
-    return text[-4000:]
+    err = (ranks[root.rank].get("error") or {}) if root.rank < len(ranks) else {}
+    text = err.get("traceback") or (root.stderr or "").strip() or (
+        root.error.traceback if root.error else "")
+    return f"rank {root.rank}:\n{text.rstrip()}"[-4000:]
 
 
 def _refuse_unstarted(run, ranks: list[dict], path: str) -> None:
@@ -321,15 +325,15 @@ def _refuse_unstarted(run, ranks: list[dict], path: str) -> None:
         raise DoctorBug(f"watch's own set-up failed on a rank before {name} started; please "
                         f"report it with this output:\n{_output(run)}")
     if failed:
-        rec = next((r for r in ranks if r.get("error")), {})
+        rec = next((r for r in ranks if r.get("error") or r.get("exit")), {})
         err = rec.get("error") or {}
-        if err.get("type") == "ScriptExit" or "exit" in rec and rec.get("exit"):
-            why = f"{name} exited with status {rec.get('exit')} before it started a process group"
-        elif err:
+        if err:
             why = f"{name} failed before it started a process group: {err['type']}: {err['message'][:300]}"
+        elif rec.get("exit"):
+            why = f"{name} exited with status {rec['exit']} before it started a process group"
         else:
             why = f"{name} failed before it started a process group ({run.status})"
-        raise WatchScriptError(why, _output(run))
+        raise WatchScriptError(why, _output(run, ranks))
     raise WatchScriptError(
         f"{name} never called torch.distributed.init_process_group: watch checks a distributed "
         "training script, run as torchrun runs it (RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT "
@@ -350,6 +354,8 @@ def build_report(ev: Evidence, checks=None):
         except Exception as exc:  # noqa: BLE001 - one check's bug must not hide the others
             notes.append(f"check {check.name} failed on this run ({type(exc).__name__}: {exc}); "
                          "its findings are missing")
+    from ..checks import BROKEN
+    notes += [f"check {name} is missing: it did not import ({why})" for name, why in BROKEN.items()]
     errors = sorted({e for r in ev.ranks for e in r.get("check-errors", [])})
     notes += [f"a check's hook failed on a rank: {e}" for e in errors[:5]]
     steps = len([s for s in ev.steps(0) if s.get("end")])
@@ -367,6 +373,7 @@ def build_report(ev: Evidence, checks=None):
                     status=status, run=ev.run, notes=notes, strategy=strategy, tool="watch")
     codes = [r.get("exit") for r in ev.ranks if isinstance(r.get("exit"), int)]
     report.script_status = next((c for c in codes if c), 0)
+    report.evidence = ev  # what the checks judged (tests and notebooks read it)
     return report
 
 
