@@ -30,7 +30,7 @@ from ..report import Finding
 from . import Check
 
 KEY, REFUSED = "samples", "samples-refused"
-SETS_KEPT = 3  # epochs per loader whose index sets are recorded (the others: counts and order)
+SETS_KEPT = 4  # epochs per DataLoader line whose index sets are recorded (the others: counts and order)
 MAX_DRAWS = 1 << 22  # indices recorded per epoch; a longer epoch is cut (never judged complete)
 MAX_LEN = 1 << 24  # datasets longer than this: not checked
 
@@ -102,6 +102,7 @@ class _Recorder:
     def __init__(self, ctx):
         self.ctx = ctx
         self.loaders: list[dict] = []
+        self.kept: dict[str, int] = {}  # DataLoader line -> epochs begun (the first keep sets)
 
     def refused(self, line: str, exc: Exception) -> None:
         self.ctx.add(REFUSED, {"line": line, "type": type(exc).__name__, "message": str(exc)[:300]})
@@ -120,27 +121,33 @@ class _Recorder:
         if rec is None:
             return
         current = getattr(it, "_ddp_lab_epoch", None)
-        if reset and current is not None and not current["draws"] and not current["complete"]:
+        if reset and current is not None and not current["n"] and not current["complete"]:
             return  # the multi-process iterator's first _reset, from its own __init__
-        sampler = _real_sampler(loader)
-        epoch = {"line": line, "start": self.ctx.step, "end": self.ctx.step, "draws": [],
+        kept = self.kept[rec["line"]] = self.kept.get(rec["line"], 0) + 1
+        epoch = {"line": line, "start": self.ctx.step, "end": self.ctx.step, "n": 0,
+                 "draws": [] if kept <= SETS_KEPT else None, "order": hashlib.sha1(),
                  "complete": False, "cut": False, "unindexed": False,
-                 "sampler_epoch": getattr(sampler, "epoch", None), "rec": rec}
+                 "sampler_epoch": getattr(_real_sampler(loader), "epoch", None), "rec": rec}
         rec["epochs"].append(epoch)
         it._ddp_lab_epoch = epoch
 
     def drawn(self, it, index) -> None:
         epoch = getattr(it, "_ddp_lab_epoch", None)
-        if epoch is None or epoch["cut"] or epoch["unindexed"]:
+        if epoch is None or epoch["unindexed"]:
             return
         mapper = epoch["rec"]["mapper"]
         try:
             items = index if isinstance(index, (list, tuple)) else [index]
-            epoch["draws"].extend(mapper(operator.index(i)) for i in items)
+            mapped = [mapper(operator.index(i)) for i in items]
         except (TypeError, IndexError, ValueError):
             epoch["unindexed"] = True  # keys that are not positions (or an IterableDataset's None)
-        if len(epoch["draws"]) > MAX_DRAWS:
-            epoch["cut"] = True
+            return
+        epoch["n"] += len(mapped)
+        epoch["order"].update(repr(mapped).encode())
+        if epoch["draws"] is not None:
+            epoch["draws"] += mapped
+            if len(epoch["draws"]) > MAX_DRAWS:
+                epoch["draws"], epoch["cut"] = None, True
 
     def exhausted(self, it) -> None:
         epoch = getattr(it, "_ddp_lab_epoch", None)
@@ -156,21 +163,19 @@ class _Recorder:
     def emit(self, ctx) -> None:
         out = []
         for rec in self.loaders:
-            n = rec["dataset"].get("len")
-            epochs = [_epoch_record(e, n, k < SETS_KEPT) for k, e in enumerate(rec["epochs"])]
+            epochs = [_epoch_record(e, rec["dataset"].get("len")) for e in rec["epochs"]]
             out.append({k: v for k, v in rec.items() if k not in ("mapper", "epochs")} |
                        {"epochs": epochs})
         ctx.emit(KEY, out)
 
 
-def _epoch_record(e: dict, n, with_set: bool) -> dict:
-    draws = e["draws"]
-    out = {k: e[k] for k in ("line", "start", "end", "complete", "unindexed", "sampler_epoch")}
-    out["n"] = len(draws)
-    out["order"] = hashlib.sha1(repr(draws).encode()).hexdigest()[:16]
-    if with_set and n and not e["unindexed"]:
-        out["set"] = encode(draws, n)
-        out["repeats"] = len(draws) - len(set(draws))
+def _epoch_record(e: dict, n) -> dict:
+    """An epoch as plain data: its count, a digest of its order, and (for the first epochs of a
+    DataLoader line) the set of indices drawn."""
+    out = {k: e[k] for k in ("line", "start", "end", "complete", "unindexed", "sampler_epoch", "n")}
+    out["order"] = e["order"].hexdigest()[:16]
+    if e["draws"] is not None and n and not e["unindexed"]:
+        out["set"] = encode(e["draws"], n)
     return out
 
 
@@ -189,7 +194,7 @@ def _describe_sampler(loader) -> dict:
            "distributed": isinstance(s, DistributedSampler),
            "replacement": bool(getattr(s, "replacement", False)) or
            (isinstance(s, WeightedRandomSampler) and s.replacement),
-           "batch_sampler": type(loader.batch_sampler).__name__ if loader.batch_sampler else "",
+           "batch_sampler": type(loader.batch_sampler).__name__,
            "batch_size": loader.batch_size, "drop_last": bool(loader.drop_last)}
     try:
         out["len"] = len(s)
@@ -312,10 +317,11 @@ def judge(ev) -> list[Finding]:
     out = _judge_refused(ev)
     streams = _streams(ev)
     world = len(ev.ranks)
+    ddp = any(m.get("kind") == "ddp" for r in ev.ranks for m in r.get("models") or [])
     for key, per_rank in streams.items():
         first = next(iter(per_rank.values()))["loader"]
         if first["dataset"].get("iterable"):
-            if any(_trained(s["epochs"]) for s in per_rank.values()):
+            if any(e["end"] > e["start"] for s in per_rank.values() for e in s["epochs"]):
                 out.append(_note(first, "reads an IterableDataset: the dataset's own __iter__ "
                                  "decides what each rank reads; not checked"))
             continue
@@ -327,7 +333,7 @@ def judge(ev) -> list[Finding]:
         if not first["dataset"].get("len"):
             out.append(_note(first, "reads a dataset without a length: not checked"))
             continue
-        out += _judge_stream(per_rank, _elsewhere(streams, key))
+        out += _judge_stream(per_rank, _elsewhere(streams, key), ddp)
         out += _judge_epochs(per_rank)
     return out
 
@@ -360,11 +366,12 @@ def _elsewhere(streams, key) -> set:
     return out
 
 
-def _replicas(per_rank) -> dict:
-    """rank -> its epochs, one rank per data-parallel replica: ranks whose DistributedSampler has
-    num_replicas below the world size and the same rank= read one share by design."""
+def _replicas(per_rank, ddp: bool) -> dict:
+    """rank -> its epochs, one rank per data-parallel replica: without DDP (which makes every rank
+    a replica), ranks whose DistributedSampler has num_replicas below the world size and the same
+    rank= read one share by design (tensor or pipeline parallel ranks of one replica)."""
     samplers = {r: s["loader"]["sampler"] for r, s in per_rank.items()}
-    if all(s["distributed"] and s["num_replicas"] < len(per_rank) for s in samplers.values()):
+    if not ddp and all(s["distributed"] and s["num_replicas"] < len(per_rank) for s in samplers.values()):
         chosen = {}
         for r in sorted(per_rank):
             chosen.setdefault(samplers[r]["rank"], r)
@@ -372,14 +379,14 @@ def _replicas(per_rank) -> dict:
     return per_rank
 
 
-def _judge_stream(per_rank, elsewhere) -> list[Finding]:
-    reps = _replicas(per_rank)
+def _judge_stream(per_rank, elsewhere, ddp: bool) -> list[Finding]:
+    reps = _replicas(per_rank, ddp)
     ranks = sorted(reps)
     trained = {r: _trained(reps[r]["epochs"]) for r in ranks}
     count = min(len(t) for t in trained.values())
     if len(ranks) < 2 or count == 0:
         return []
-    several, missing, n_several = None, None, 0
+    several, missing, n_several, lost_each, n_complete = None, None, 0, [], 0
     for k in range(count):
         eps = [trained[r][k] for r in ranks]
         if any("set" not in e for e in eps):
@@ -389,15 +396,17 @@ def _judge_stream(per_rank, elsewhere) -> list[Finding]:
         n_several += bool(shared)
         if shared and several is None:
             several = (k, shared, eps, sets)
-        if missing is None and all(e["complete"] for e in eps):
+        if all(e["complete"] for e in eps):
+            n_complete += 1
             lost = _domain(reps, ranks) - set().union(*sets) - elsewhere
             if lost:
-                missing = (k, sorted(lost), eps)
+                lost_each.append(lost)
+                missing = missing or (k, sorted(lost), eps)
     out = []
     if several:
         out.append(_several(reps, ranks, several, n_several, count))
     if missing:
-        out.append(_missing(reps, ranks, missing))
+        out.append(_missing(reps, ranks, missing, lost_each, n_complete))
     return out
 
 
@@ -419,7 +428,8 @@ def _causes(reps, ranks) -> tuple[list[str], str]:
     outer = [(x["dataset"].get("layers") or [None])[0] for x in loaders]
     why = []
     if all(outer) and len({o["set"] for o in outer}) > 1:
-        return [f"each rank builds its own Subset of the dataset: {outer[0]['line']}"], outer[0]["line"]
+        return ["each rank builds its own Subset of the dataset (a shard per rank): their union "
+                "is what the ranks can train on"], outer[0]["line"]
     if not any(s["distributed"] for s in samp):
         return [f"the sampler is {samp[0]['type']} on every rank, which knows nothing of the ranks: "
                 f"each rank draws from the whole dataset ({samp[0]['len']} samples per epoch)"], loaders[0]["line"]
@@ -453,7 +463,8 @@ def _several(reps, ranks, found, n_epochs: int, count: int) -> Finding:
     padding = samp[0].get("total_size", 0) - samp[0].get("dataset_len", 0)
     by_design = (all(s["distributed"] and not s["sampler_drop_last"] for s in samp) and not why
                  and len({e["sampler_epoch"] for e in eps}) == 1 and len(shared) <= padding)
-    if by_design or (not identical and any(s["replacement"] for s in samp) and not why):
+    replacement = not identical and any(s["replacement"] for s in samp)
+    if by_design or replacement:
         reason = (f"DistributedSampler(drop_last=False) repeats {padding} sample(s) to give every "
                   "rank the same count (torch/utils/data/distributed.py:116-120): by design"
                   if by_design else "the sampler draws with replacement: repeats are by design")
@@ -469,7 +480,7 @@ def _several(reps, ranks, found, n_epochs: int, count: int) -> Finding:
                        "draws the whole dataset on every rank")
 
 
-def _missing(reps, ranks, found) -> Finding:
+def _missing(reps, ranks, found, lost_each, n_complete: int) -> Finding:
     k, lost, eps = found
     samp = [reps[r]["loader"]["sampler"] for r in ranks]
     allowed, reasons = 0, []
@@ -477,11 +488,17 @@ def _missing(reps, ranks, found) -> Finding:
         allowed += samp[0]["dataset_len"] - samp[0]["total_size"]
         reasons.append("DistributedSampler(drop_last=True) drops the tail that does not divide "
                        "evenly (torch/utils/data/distributed.py:94-103, 127)")
+    if any(s["replacement"] for s in samp):
+        allowed = len(lost)
+        reasons.append("the sampler draws with replacement: some samples are not drawn")
     if all(s["drop_last"] and s["batch_size"] for s in samp):
         allowed += sum((s["len"] or 0) % s["batch_size"] for s in samp)
         reasons.append("DataLoader(drop_last=True) drops each rank's last incomplete batch")
     evidence = [f"training epoch {k}, run to its end on every rank: {len(lost)} sample(s) drawn by "
                 f"no rank (indices {', '.join(map(str, lost[:6]))}{', ...' if len(lost) > 6 else ''})",
+                f"{len(lost_each)} of {n_complete} complete training epoch(s) show it" +
+                (": the same samples each time, never trained" if len(lost_each) > 1 and
+                 all(x == lost_each[0] for x in lost_each) else ""),
                 "per rank: " + ", ".join(f"rank {r} drew {e['n']}" for r, e in zip(ranks, eps))]
     if len(lost) <= allowed:
         return Finding("info", "sample-on-no-rank", "07",
