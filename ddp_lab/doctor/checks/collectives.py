@@ -1,0 +1,355 @@
+"""The ranks enter the same collectives in the same order; where they do not, or where they hang,
+the step it happened in and the user's line.
+
+Two records, compared across ranks:
+- PyTorch's flight recorder (every launch arms it: ddp_lab.launching.flight): every collective a
+  rank entered, DDP's own included (its gradient all_reduce is issued by the C++ reducer, which
+  no Python hook sees). `divergence.find` names the first one the ranks entered differently.
+- This check's hook, wrapped around torch.distributed's collective functions at their module
+  attributes (DDP looks `dist._broadcast_coalesced` up there at each forward:
+  torch/nn/parallel/distributed.py:2363): per call, the op, the step, the tensor's shape and
+  the user's frames. It names the line. Under torchrun (no flight recorder) it is the record.
+
+The line at fault: a line only some ranks called a collective from (a barrier under
+`if rank == 0:`, a validation forward through the DDP wrapper on rank 0 only); the line where
+the ranks passed different tensors; and, when a rank left the training loop while another was
+still inside it (an early stop decided per rank, a rank that ran out of batches), the loop's
+exit: the `if` around its `break`, else where the loop's iterable was made.
+"""
+from __future__ import annotations
+
+import ast
+import os
+import re
+import sys
+import threading
+
+from ...launching.frames import FRAME
+from ..report import Finding
+from . import Check
+
+KEY = "collective-calls"
+OPS = ("all_reduce", "broadcast", "barrier", "all_gather", "all_gather_into_tensor", "gather",
+       "scatter", "reduce", "reduce_scatter", "reduce_scatter_tensor", "all_to_all",
+       "all_to_all_single", "all_gather_object", "broadcast_object_list", "gather_object",
+       "scatter_object_list", "monitored_barrier", "_broadcast_coalesced")
+TIMED_OUT = re.compile(r"Timed out waiting|timed out|Timeout", re.I)
+
+
+# --- on each rank ------------------------------------------------------------------------------
+
+def _shape(args) -> list:
+    import torch
+
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            return list(a.shape)
+        if isinstance(a, (list, tuple)) and a and isinstance(a[0], torch.Tensor):
+            return [len(a), *a[0].shape]
+    return []
+
+
+def _frames(ctx, frame) -> list:
+    """"file:line" of every user frame of the stack, innermost first."""
+    out = []
+    while frame is not None and len(out) < 12:
+        if ctx.is_user_file(frame.f_code.co_filename):
+            out.append(f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}")
+        frame = frame.f_back
+    return out
+
+
+def attach(ctx):
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    depth = threading.local()
+
+    def record(op, args, kwargs, frame):
+        group = kwargs.get("group")
+        if group is not None and group is not getattr(c10d.GroupMember, "WORLD", None):
+            return  # a subgroup's collectives are compared only by the flight recorder
+        ctx.add(KEY, {"op": op.lstrip("_"), "step": ctx.step, "line": ctx.user_line(frame),
+                      "shape": _shape(args), "stack": _frames(ctx, frame)})
+
+    def wrap(op, fn):
+        def collective(*args, **kwargs):
+            if ctx.checking or getattr(depth, "n", 0):
+                return fn(*args, **kwargs)  # a check's own call, or one inside another
+            ctx.guard(record)(op, args, kwargs, sys._getframe(1))
+            depth.n = 1
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                depth.n = 0
+        collective.__wrapped__ = fn
+        collective.__name__ = getattr(fn, "__name__", op)
+        collective.__doc__ = getattr(fn, "__doc__", None)
+        return collective
+
+    for op in OPS:
+        fn = getattr(dist, op, None) or getattr(c10d, op, None)
+        if fn is None:
+            continue
+        wrapped = wrap(op, fn)
+        for owner in (dist, c10d):
+            if getattr(owner, op, None) is fn:
+                setattr(owner, op, wrapped)
+
+    def step_line(ctx):
+        if "step-line" not in ctx.records and (found := ctx.user_frame()) is not None:
+            ctx.emit("step-line", [found[0], found[1]])
+    ctx.on_step_end(step_line)
+
+
+# --- in the parent -----------------------------------------------------------------------------
+
+def _is_user(path: str, folder: str) -> bool:
+    path = os.path.abspath(path)
+    return (path.startswith(folder + os.sep) and os.sep + "site-packages" + os.sep not in path
+            and os.sep + "ddp_lab" + os.sep not in path[len(folder):])
+
+
+def _user_frames(text: str, folder: str, innermost_first: bool) -> list:
+    """[(path, line)] of the user's frames in a stack dump or traceback, innermost first."""
+    blocks = re.split(r"\n(?=(?:Current thread|Thread) 0x)", text or "")
+    block = next((b for b in blocks if "<module>" in b), blocks[0])
+    frames = [(p, int(n)) for p, n, _ in FRAME.findall(block) if _is_user(p, folder)]
+    return frames if innermost_first else frames[::-1]
+
+
+def _line(path: str, lineno: int) -> str:
+    import linecache
+
+    return f"{os.path.basename(path)}:{lineno}: {linecache.getline(path, lineno).strip()}"
+
+
+def _position(ev, r: int, folder: str):
+    """(what rank r was doing at the end, its user frames innermost first)."""
+    rec = ev.ranks[r] if r < len(ev.ranks) else {}
+    run_rank = ev.run.ranks[r] if ev.run is not None and r < len(ev.run.ranks) else None
+    if run_rank is not None and run_rank.status == "timeout":
+        return "hung", _user_frames(run_rank.stack, folder, True)
+    if rec.get("hung"):
+        return "hung", _user_frames(rec["hung"].get("stack", ""), folder, False)
+    if rec.get("error"):
+        return "raised", _user_frames(rec["error"].get("traceback", ""), folder, False)
+    return ("returned", []) if rec.get("exit") == 0 else ("unknown", [])
+
+
+def _hook_parting(calls: list):
+    """(index, {rank: entry or None}) where the ranks' recorded calls first differ, or None."""
+    if len(calls) < 2:
+        return None
+    full = any(len(c) >= 500 for c in calls)  # ctx keeps 500 a key: beyond, nothing to compare
+    for i in range(max(len(c) for c in calls)):
+        at = {r: (c[i] if i < len(c) else None) for r, c in enumerate(calls)}
+        if any(e is None for e in at.values()):
+            return None if full else (i, at)
+        if len({(e["op"], tuple(e["shape"])) for e in at.values()}) > 1:
+            return i, at
+    return None
+
+
+def _flight_parting(ev):
+    if ev.run is None:
+        return None
+    from ...launching import divergence
+
+    parted = divergence.find(ev.run.ranks)
+    if parted is None:
+        return None
+    entered = [c for c in parted.entries.values() if c is not None]
+    if (parted.kind == "size" and len(entered) == len(parted.entries)
+            and len({(c.op, c.sizes, c.dtypes) for c in entered}) == 1):
+        return None  # torch's analyser on all_gathers every rank gave alike (see watch/failures.py)
+    return parted
+
+
+def _hung(ev) -> bool:
+    if ev.run is not None and ev.run.status == "timeout":
+        return True
+    return any(r.get("hung") or TIMED_OUT.search((r.get("error") or {}).get("message", ""))
+               for r in ev.ranks)
+
+
+def _failed(ev) -> bool:
+    return _hung(ev) or any(r.get("error") or r.get("exit") for r in ev.ranks) or (
+        ev.run is not None and not ev.run.ok)
+
+
+def _said(ev, r: int, entry, state: str, frames: list) -> str:
+    if entry is not None:
+        return (f"rank {r} entered {entry['op']}({entry['shape'] or ''}) in step {entry['step']}"
+                f" at {entry['line'] or 'a line outside your script'}")
+    steps = len(ev.steps(r))
+    if state == "returned":
+        return f"rank {r} returned from the script after {steps - 1} step(s)"
+    at = f" at {_line(*frames[0])}" if frames else ""
+    return f"rank {r} {'was stopped' if state == 'hung' else state} in step {max(steps - 1, 0)}{at}"
+
+
+def judge(ev):
+    folder = os.path.dirname(os.path.abspath(ev.script))
+    calls = [r.get(KEY, []) for r in ev.ranks]
+    flight = _flight_parting(ev)
+    hook = _hook_parting(calls)
+    if hook is not None and flight is None and not _failed(ev):
+        hook = None  # DDP's C++ collectives are not in the hook's record: it alone is no proof
+    positions = {r: _position(ev, r, folder) for r in range(len(ev.ranks))}
+    if flight is None and hook is None:
+        return [_hang(ev, positions)] if _hung(ev) else []
+    entries = hook[1] if hook else {r: None for r in positions}
+    where, cause, fix = _attribute(ev, entries, positions, calls)
+    ev_lines = [_said(ev, r, entries.get(r), *positions[r]) for r in sorted(positions)]
+    if flight is not None:
+        from ...launching import divergence
+        ev_lines.append(divergence.describe(ev.run.ranks))
+    ev_lines += [cause] if cause else []
+    trace = ""
+    if ev.run is not None:
+        from ...launching import divergence
+        trace = divergence.table(ev.run.ranks)
+    return [Finding("error", "collectives-differ-between-ranks", "13",
+                    "the ranks entered different collectives" + (" and hung" if _hung(ev) else ""),
+                    ev_lines, fix=fix, trace=trace, where=where)]
+
+
+def _attribute(ev, entries: dict, positions: dict, calls: list):
+    """(where, a sentence of evidence, the fix)."""
+    step_at = next((r["step-line"] for r in ev.ranks if r.get("step-line")), None)
+    if step_at:
+        stacks = {r: ([tuple(s.rsplit(":", 1)) for s in e["stack"]] if e is not None else
+                      positions[r][1]) for r, e in entries.items()}
+        left = [r for r in stacks if not inside_loop(step_at, stacks[r])
+                and (entries.get(r) is not None or positions[r][0] == "returned")]
+        stayed = [r for r in stacks if r not in left and inside_loop(step_at, stacks[r])]
+        if left and stayed:
+            exit_line, how = loop_exit(step_at)
+            if exit_line:
+                cause = (f"rank {', '.join(map(str, left))} left the training loop while rank "
+                         f"{', '.join(map(str, stayed))} went on into another step: {how}")
+                fix = ("every rank must run the same number of steps: " +
+                       ("decide the stop with a value all ranks agree on (all_reduce the flag, "
+                        "then break on the result)" if "break" in how else
+                        "give every rank the same number of batches (DistributedSampler pads "
+                        "them; or drop_last, or DDP's join() context for uneven inputs)"))
+                return _line(step_at[0], exit_line), cause, fix
+    lines = {r: {c["line"] for c in calls[r]} for r in range(len(calls))}
+    for r, e in entries.items():
+        if e is not None and e["line"] and not any(e["line"] in lines[o] for o in lines if o != r):
+            return (e["line"], f"only rank {r} called a collective from this line",
+                    "a collective needs every rank of the group: call it on every rank or on "
+                    "none (move it out of the rank-only branch; run rank 0's own work, such as "
+                    "validation, on the plain module: model.module)")
+    named = [e for e in entries.values() if e is not None and e["line"]]
+    if named:
+        return (named[0]["line"], "the ranks reached this line with different collectives",
+                "every rank must issue the same collectives in the same order with the same "
+                "shapes: iterate in an order all ranks share (sorted keys), never a rank's own")
+    hung = [f for state, f in positions.values() if f]
+    return (_line(*hung[0][0]) if hung else ""), "", (
+        "every rank must call the same collectives in the same order")
+
+
+def _hang(ev, positions: dict) -> Finding:
+    said = [_said(ev, r, None, *positions[r]) for r in sorted(positions)]
+    where = next((_line(*f[0]) for state, f in positions.values() if state == "hung" and f), "")
+    where = where or next((_line(*f[0]) for _, f in positions.values() if f), "")
+    stopped = next((ev.run.ranks[r].stack_summary() for r in positions
+                    if ev.run is not None and ev.run.ranks[r].status == "timeout"), "")
+    return Finding("error", "hang", "13", "the ranks hung: no collective tells them apart",
+                   said, fix="a rank waits for something its peers never do: read where each "
+                   "rank stood (above); a collective on one rank only, or a wait on a file, a "
+                   "queue or a lock another rank never releases", trace=stopped, where=where)
+
+
+# --- the training loop, read from the script's source ------------------------------------------
+
+def _loops(path: str, lineno: int) -> list:
+    """The loops of `path` around line `lineno`, innermost first ([] when unreadable)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read())
+    except (OSError, SyntaxError, ValueError):
+        return []
+    around = [n for n in ast.walk(tree) if isinstance(n, (ast.For, ast.While))
+              and n.lineno <= lineno <= (n.end_lineno or n.lineno)]
+    return sorted(around, key=lambda n: -n.lineno)
+
+
+def inside_loop(step_at, frames) -> bool:
+    """Whether a stack ([(file, line)]) runs inside the loop that steps the optimizer."""
+    loops = _loops(step_at[0], step_at[1])
+    if not loops:
+        return False
+    name, loop = os.path.basename(step_at[0]), loops[0]
+    return any(os.path.basename(f) == name and loop.lineno <= int(n) <= loop.end_lineno
+               for f, n in frames)
+
+
+def _breaks(loop) -> list:
+    """(the line of the `if` around it, or the break's own) for each break of this loop."""
+    found = []
+
+    def visit(node, test_line):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.For, ast.While, ast.FunctionDef, ast.AsyncFunctionDef,
+                                  ast.Lambda, ast.ClassDef)):
+                continue  # a break there ends another loop
+            if isinstance(child, ast.Break):
+                found.append(test_line or child.lineno)
+            visit(child, child.lineno if isinstance(child, ast.If) else test_line)
+    for stmt in loop.body:
+        visit(ast.Module(body=[stmt], type_ignores=[]), None)
+    return found
+
+
+def _made_at(path: str, loop) -> int:
+    """Where the `for` loop's iterable was assigned (enumerate(x), tqdm(x) unwrapped)."""
+    it = loop.iter
+    while isinstance(it, ast.Call) and it.args:
+        it = it.args[0]
+    if not isinstance(it, ast.Name):
+        return loop.lineno
+    try:
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read())
+    except (OSError, SyntaxError, ValueError):
+        return loop.lineno
+    made = [n.lineno for n in ast.walk(tree) if isinstance(n, (ast.Assign, ast.AnnAssign))
+            and n.lineno < loop.lineno
+            and any(isinstance(t, ast.Name) and t.id == it.id
+                    for t in (n.targets if isinstance(n, ast.Assign) else [n.target]))]
+    return max(made) if made else loop.lineno
+
+
+def loop_exit(step_at):
+    """(line, how) of the training loop's way out: an `if` around a `break` (this loop or one
+    around it), else where a `for` loop's iterable was made; (0, "") when unreadable."""
+    loops = _loops(step_at[0], step_at[1])
+    for loop in loops:
+        if breaks := _breaks(loop):
+            return breaks[0], f"a `break` whose condition each rank decides alone (line {breaks[0]})"
+    if not loops:
+        return 0, ""
+    if isinstance(loops[0], ast.For):
+        made = _made_at(step_at[0], loops[0])
+        return made, (f"its `for` loop ran out of batches on one rank first (line {made} makes "
+                      "what it iterates)")
+    return loops[0].lineno, "its `while` condition turned false on one rank first"
+
+
+CHECK = Check(
+    name="collectives",
+    mechanism="the ranks enter the same collectives in the same order (flight recorder, and "
+              "torch.distributed's functions wrapped); a hang, with its step and line",
+    lesson="13",
+    codes={"collectives-differ-between-ranks": "error", "hang": "error"},
+    attach=attach, judge=judge, tools=("watch",),
+    tests="tests/doctor/checks/test_collectives.py",
+    order=20,
+    notes=("a Python collective is compared through the first 500 a rank calls; the flight "
+           "recorder keeps the newest 2000 of every kind (DDP's included)",
+           "the loop's exit is read from the script's source: the `if` around a `break` in the "
+           "loop that steps the optimizer, else where its iterable was made"))
