@@ -2,7 +2,8 @@
 
 On each rank, from outside: the loss functions' outputs with their count of terms (for
 cross_entropy the targets not equal to ignore_index), every backward's value, the gradient norm
-`clip_grad_norm_` returns (this rank's shard under FSDP2), the script's own `dist.all_reduce`
+`clip_grad_norm_` returns and, under FSDP2, the norm of this rank's shard of the gradients (at
+`clip_grad_norm_` and at each optimizer step's end), the script's own `dist.all_reduce`
 (its value before and after; never a collective of ours) and the numbers the script turns into
 Python numbers (`item`, `float`, `tolist`, a tensor in an f-string) on a line that logs them
 (print, logger.info, wandb.log, ...). In the parent: the true value of a step's loss is
@@ -48,9 +49,12 @@ def attach(ctx):
                            torch.Tensor.tolist], lambda f, a, k, out: _on_number(ctx, f, a, out))
     clip, reduce_ = torch.nn.utils.clip_grad_norm_, dist.all_reduce
 
-    def clip_grad_norm_(*args, **kwargs):
-        out = clip(*args, **kwargs)
-        ctx.guard(_on_norm)(ctx, out, args, kwargs)
+    def clip_grad_norm_(parameters, *args, **kwargs):
+        if not isinstance(parameters, torch.Tensor):
+            parameters = list(parameters)  # a generator: read it once, for both of us
+        shard = ctx.guard(_shard_norm)(parameters)
+        out = clip(parameters, *args, **kwargs)
+        ctx.guard(_on_norm)(ctx, out, shard, args, kwargs)
         return out
 
     def all_reduce(tensor, *args, **kwargs):
@@ -62,6 +66,7 @@ def attach(ctx):
     torch.nn.utils.clip_grad_norm_, dist.all_reduce = clip_grad_norm_, all_reduce
     ctx.on_model(lambda c, w: _count_rows(c, w, state))
     ctx.on_step_end(lambda c: state.update(rows=0))
+    ctx.on_step_end(_norm_at_step_end)
 
     def undo(c):
         torch.nn.utils.clip_grad_norm_, dist.all_reduce = clip, reduce_
@@ -112,12 +117,40 @@ def _on_backward(ctx, args):
         ctx.add("logged.train", {"s": ctx.step, "fn": "backward", "v": float(t.detach())})
 
 
-def _on_norm(ctx, out, args, kwargs):
-    local = _small(out, 1)
-    if local:
-        p = kwargs.get("norm_type", args[2] if len(args) > 2 else 2.0)
-        ctx.add("logged.norm", {"s": ctx.step, "v": local[0], "p": float(p),
-                                "local": type(out).__name__ == "DTensor"})
+def _shard_norm(parameters):
+    """The 2-norm of this rank's local shards of the gradients, when they are DTensors (FSDP2);
+    computed from the local parts only: no collective."""
+    import torch
+
+    grads = [p.grad for p in ([parameters] if isinstance(parameters, torch.Tensor) else parameters)
+             if getattr(p, "grad", None) is not None]
+    if not grads or not all(type(g).__name__ == "DTensor" for g in grads):
+        return None
+    return math.sqrt(sum(float(g.to_local().detach().float().pow(2).sum()) for g in grads))
+
+
+def _on_norm(ctx, out, shard, args, kwargs):
+    """clip_grad_norm_'s result: on torch 2.13 a Replicate DTensor under FSDP2, so its local value
+    is the model's norm: the per-gradient norms are _NormPartial DTensors (distributed/tensor/
+    _ops/_math_ops.py:67) and the final vector_norm of nn/utils/clip_grad.py:105 reduces them."""
+    p = float(kwargs.get("norm_type", args[1] if len(args) > 1 else 2.0))
+    full = _small(out, 1)
+    if full and p == 2.0:
+        ctx.add("logged.norm", {"s": ctx.step, "v": full[0], "shard": shard,
+                                "replicated": all(type(x).__name__ == "Replicate" for x in
+                                                  getattr(out, "placements", ()))})
+
+
+def _norm_at_step_end(ctx):
+    """Under FSDP2, the norm of this rank's gradient shards at the step's end (when the script
+    did not clip in this step): the parent adds the ranks' squares into the model's norm."""
+    if any(e["s"] == ctx.step for e in ctx.records.get("logged.norm", [])[-3:]):
+        return
+    for w in ctx.models:
+        if w.kind == "fsdp2":
+            shard = _shard_norm(list(w.module.parameters()))
+            if shard is not None:
+                ctx.add("logged.norm", {"s": ctx.step, "v": None, "shard": shard})
 
 
 def _on_reduce(ctx, state, tensor, before, args, kwargs):
@@ -336,26 +369,28 @@ def _formulas(per_rank):
                 mine += [(own[r] / k, "wrong", "accumulation", f"k = {k} micro-batches"),
                          (micro[r][-1][0], "wrong", "last", f"k = {k} micro-batches"),
                          (micro[r][-1][0] / k, "wrong", "last", f"k = {k} micro-batches")]
-            out[r][s] = [f for f in shared + mine if f[1] != "wrong" or _apart(f[0], true)]
+            out[r][s] = [f + (true,) for f in shared + mine if f[1] != "wrong" or _apart(f[0], true)]
     return out
 
 
 def _norm_formulas(ev, out):
+    """The model's gradient norm (clip_grad_norm_'s, or the ranks' shard norms added in
+    squares) is true; one rank's shard norm is wrong where it differs."""
     norms = [{e["s"]: e for e in r.get("logged.norm", [])} for r in ev.ranks]
     for s in set.intersection(*(set(n) for n in norms)) if norms else ():
         row = [n[s] for n in norms]
-        if not all(e["local"] for e in row):
-            for r in out:
-                out[r].setdefault(s, []).append((row[r]["v"], "true", "", ""))
+        shards = [e.get("shard") for e in row]
+        full = row[0]["v"] if row[0]["v"] is not None and (
+            row[0].get("replicated") or None in shards) else (
+            math.sqrt(sum(x * x for x in shards)) if None not in shards else None)
+        if full is None:
             continue
-        p = row[0]["p"]
-        full = max(e["v"] for e in row) if math.isinf(p) else \
-            sum(e["v"] ** p for e in row) ** (1 / p)
-        text = "; ".join(f"rank {r}: {e['v']:.6g}" for r, e in enumerate(row))
+        text = "the shards' norms: " + "; ".join(
+            f"rank {r}: {x:.6g}" for r, x in enumerate(shards) if x is not None)
         for r in out:
-            out[r].setdefault(s, []).append((full, "true", "", ""))
-            if _apart(row[r]["v"], full):
-                out[r][s].append((row[r]["v"], "wrong", "shard", f"the shards' norms: {text}"))
+            out[r].setdefault(s, []).append((full, "true", "", "", full))
+            if shards[r] is not None and _apart(shards[r], full):
+                out[r][s].append((shards[r], "wrong", "shard", text, full))
 
 
 def _fraction_formulas(ev, out):
@@ -374,8 +409,8 @@ def _fraction_formulas(ev, out):
             continue
         true = sum(x * m for x, m in zip(b, n)) / sum(n)
         text = "; ".join(f"rank {r}: {x:.6g} of {m} samples" for r, (x, m) in enumerate(zip(b, n)))
-        found = [(true, "true", "", "")] + [
-            (v, "wrong", why, text) for v, why in ((sum(b) / len(b), "fraction"), (sum(b), "sum"))
+        found = [(true, "true", "", "", true)] + [
+            (v, "wrong", why, text, true) for v, why in ((sum(b) / len(b), "fraction"), (sum(b), "sum"))
             if _apart(v, true)]
         for r in out:
             out[r].setdefault(g[r]["s"], []).extend(found)
@@ -390,9 +425,7 @@ def _verdicts(ev, formulas):
         for e in rec.get("logged.value", []):
             cands = []
             for s in (e["s"], e["s"] - 1):
-                here = formulas.get(r, {}).get(s, [])
-                true = next((x[0] for x in here if x[1] == "true"), None)
-                cands += [f + (true, s) for f in here]
+                cands += [f + (s,) for f in formulas.get(r, {}).get(s, [])]
             for v in e["v"]:
                 hit = [c for c in cands if _close(v, c[0]) or (
                     c[2] in ("fraction", "") and _close(v / 100, c[0]))]
