@@ -95,10 +95,10 @@ def dcp_round_trip(saved, build_fresh, batch, folder: str) -> dict:
     load_state_dict; plain data of what did not come back."""
     import torch.distributed.checkpoint as dcp
 
-    before, out_before = snapshot(saved), eval_output(saved, batch)
-    differing = plain_differing(saved)
+    before, differing = snapshot(saved), plain_differing(saved)
     keys = set(saved.state_dict())
     dcp.save(saved.state_dict(), checkpoint_id=folder)
+    out_before = eval_output(saved, batch)  # after saving: a forward may change state (a counter)
     fresh = build_fresh()
     sd = fresh.state_dict()
     dcp.load(sd, checkpoint_id=folder)
@@ -153,11 +153,11 @@ def torch_save_round_trip(source, example) -> dict:
     saved = source.build()
     default_loss(call(saved, batch)).backward()
     torch.optim.SGD(saved.parameters(), lr=0.1).step()
-    before, out_before = snapshot(saved), eval_output(saved, batch)
-    keys = set(saved.state_dict())
+    before, keys = snapshot(saved), set(saved.state_dict())
     buf = io.BytesIO()
     torch.save(saved.state_dict(), buf)
     buf.seek(0)
+    out_before = eval_output(saved, batch)  # after saving: a forward may change state (a counter)
     torch.manual_seed(SEED_FRESH)
     fresh = source.build()
     error = ""
@@ -223,9 +223,31 @@ def _find(module, pattern: re.Pattern) -> str:
 HOOK = re.compile(r"(_register_state_dict_hook|register_state_dict_post_hook)\(")
 
 
+STORE = re.compile(r"\]\s*=[^=]")  # state_dict[key] = ...: where a hook puts its tensor
+
+
 def hook_sites(model) -> dict:
-    """{module name: the line registering its state-dict hook} for modules that have one."""
-    return {n: _find(m, HOOK) for n, m in model.named_modules() if m._state_dict_hooks}
+    """{module name: (the hook's line storing a tensor into the state dict, or "", the line
+    registering the hook)} for modules that have a state-dict hook."""
+    return {n: (_hook_store(m), _find(m, HOOK)) for n, m in model.named_modules()
+            if m._state_dict_hooks}
+
+
+def _hook_store(module) -> str:
+    from .frames import short_file
+
+    for hook in module._state_dict_hooks.values():
+        fn = getattr(hook, "func", hook)  # a functools.partial
+        fn = getattr(fn, "__func__", fn)  # a bound method
+        try:
+            lines, first = inspect.getsourcelines(fn)
+            path = inspect.getsourcefile(fn)
+        except (OSError, TypeError):
+            continue
+        for i, text in enumerate(lines):
+            if STORE.search(text):
+                return f"{short_file(path)}:{first + i}: {text.strip()}"
+    return ""
 
 
 def buffer_site(model, name: str) -> str:

@@ -55,6 +55,8 @@ def validate_tp_args(strategy: str, tp_plan, amp, parallelize=None) -> None:
 
 def eval_plan(expr: str, namespace: dict | None = None):
     """`--tp-plan "{'up': 'colwise', 'down': 'rowwise'}"`, with the parallel styles in scope."""
+    if expr.strip() == "traced":
+        return "traced"
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput,
                                                    RowwiseParallel, SequenceParallel)

@@ -46,12 +46,14 @@ def round_trip_findings(records: list[dict], known: dict, placed: dict | None = 
     if lost:
         out.append(_lost(records, lost, lesson, how, known, placed or {}))
     if in_place:
-        sites_ = [s for s in known.get("hooks", {}).values() if s]
+        stores = [s for s, _ in known.get("hooks", {}).values() if s]
+        registered = [r for _, r in known.get("hooks", {}).values() if r]
         out.append(Finding("warning", "checkpoint-round-trip-lost", lesson,
                            "dcp.load in place restores nothing of some parameters",
                            [f"{n}: differs by {d:.1e} after dcp.load" for n, d in
-                            sorted(in_place.items())[:5]] + [IN_PLACE.format(names=_names(in_place))],
-                           fix=FIX_IN_PLACE, where=sites_[0] if sites_ else ""))
+                            sorted(in_place.items())[:5]] + [IN_PLACE.format(names=_names(in_place))]
+                           + [f"the hook registered at {r}" for r in registered[:2]],
+                           fix=FIX_IN_PLACE, where=(stores or registered or [""])[0]))
     return out
 
 
