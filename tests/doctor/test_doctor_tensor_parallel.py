@@ -1,5 +1,6 @@
-"""The doctor's `strategy="tp"` (doctor/tensor_parallel.py): the default plan it traces, a
-user's plan from Python and from the command line, and bad input. The lesson-16 ModuleCases
+"""The doctor's `strategy="tp"` (doctor/tensor_parallel.py): the plan it traces when asked
+(tp_plan="traced"), a user's plan and parallelize function from Python and from the command
+line, no plan at all, and bad input. The lesson-16 ModuleCases
 (every lesson-16 module, broken and fixed) are checked by test_doctor_registry."""
 import textwrap
 
@@ -57,7 +58,7 @@ def test_your_plan_is_used_and_a_split_norm_is_found():
     [f] = [f for f in report.errors if f.lesson == "16"]
     assert f.code == "tp-output-differs"
     assert f.evidence[-1] == "plan (yours): up: colwise, down: rowwise"
-    assert any(e.startswith("output differs by ") for e in f.evidence[:-1])
+    assert any(e.startswith("output at step 1 differs by ") for e in f.evidence[:-1])
 
 
 MODULES = textwrap.dedent('''
@@ -72,19 +73,33 @@ MODULES = textwrap.dedent('''
         def forward(self, x):
             h = self.up(x)
             return self.down(h / h.norm(dim=-1, keepdim=True))
+
+
+    def split(model, mesh):
+        from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
+                                                       parallelize_module)
+        plan = {"up": ColwiseParallel(use_local_output=False), "down": RowwiseParallel()}
+        return parallelize_module(model, mesh, plan)
 ''')
 
 
-def test_cli_takes_tp_and_a_plan(tmp_path, capsys):
+def test_cli_takes_tp_a_plan_and_a_parallelize_function(tmp_path, capsys):
     path = tmp_path / "normed.py"
     path.write_text(MODULES)
     target = f"{path}:Normed"
-    assert main([target, "--input", "torch.randn(4, 8)", "--strategy", "tp"]) == 1
+    assert main([target, "--input", "torch.randn(4, 8)", "--strategy", "tp"]) == 0
+    out = capsys.readouterr().out
+    assert "tp-needs-plan" in out and "tp-output-differs" not in out
+    assert main([target, "--input", "torch.randn(4, 8)", "--strategy", "tp",
+                 "--tp-plan", "'traced'"]) == 1
     assert "tp-output-differs" in capsys.readouterr().out
     plan = "{'up': ColwiseParallel(use_local_output=False), 'down': RowwiseParallel()}"
     assert main([target, "--input", "torch.randn(4, 8)", "--strategy", "tp",
                  "--tp-plan", plan]) == 0
     assert "plan (yours): up: ColwiseParallel, down: RowwiseParallel" in capsys.readouterr().out
+    assert main([target, "--input", "torch.randn(4, 8)", "--strategy", "tp",
+                 "--parallelize", "split"]) == 0
+    assert "plan (yours: split(model, mesh))" in capsys.readouterr().out
 
 
 def test_bad_tp_input_is_refused_before_any_launch():
@@ -94,3 +109,8 @@ def test_bad_tp_input_is_refused_before_any_launch():
         doctor(m.NormedMLP, m.features, strategy="tp", amp="bf16")
     with pytest.raises(DoctorInputError, match="tp_plan must be a dict"):
         doctor(m.NormedMLP, m.features, strategy="tp", tp_plan=["up"])
+    with pytest.raises(DoctorInputError, match="parallelize is used with strategy='tp' only"):
+        doctor(m.NormedMLP, m.features, parallelize=lambda model, mesh: model)
+    with pytest.raises(DoctorInputError, match="give tp_plan or parallelize, not both"):
+        doctor(m.NormedMLP, m.features, strategy="tp", tp_plan={"up": "colwise"},
+               parallelize=lambda model, mesh: model)
