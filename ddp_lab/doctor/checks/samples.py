@@ -270,15 +270,11 @@ def _feed(h, v, depth: int) -> None:
     import torch
 
     if isinstance(v, torch.Tensor):
-        flat = v.detach().reshape(-1)
-        step = max(1, flat.numel() // 4096)
-        h.update(repr((tuple(v.shape), str(v.dtype), flat[::step][:4096].cpu().tolist())).encode())
-    elif hasattr(v, "__array__") and hasattr(v, "shape"):  # numpy arrays, pandas frames
-        import numpy
-
-        flat = numpy.asarray(v).ravel()
-        h.update(repr((tuple(v.shape), str(flat.dtype),
-                       flat[::max(1, flat.size // 4096)][:4096].tolist())).encode())
+        h.update(repr((tuple(v.shape), str(v.dtype), _rows(v.detach()))).encode())
+    elif type(v).__module__ == "numpy" and hasattr(v, "shape"):  # an ndarray (a memmap too)
+        h.update(repr((tuple(v.shape), str(v.dtype), _rows(v))).encode())
+    elif hasattr(v, "__array__") and hasattr(v, "shape"):  # frames, Arrow tables: no conversion
+        h.update(repr((type(v).__qualname__, tuple(v.shape))).encode())
     elif isinstance(v, (str, bytes, int, float, bool, type(None))):
         h.update(repr(v).encode())
     elif isinstance(v, (list, tuple, range)) and depth < 3:
@@ -293,6 +289,15 @@ def _feed(h, v, depth: int) -> None:
         h.update(fingerprint(v, depth + 1).encode())  # a dataset inside (ConcatDataset's)
     else:
         h.update(type(v).__qualname__.encode())  # transforms, files, ...: their kind only
+
+
+def _rows(a) -> list:
+    """Up to 16 rows spread over a tensor or array, the first 256 values of each: a sample that
+    costs the same for any size (no copy of the whole, contiguous or not)."""
+    if not len(a.shape):
+        return [a.tolist()]
+    rows = a[::max(1, a.shape[0] // 16)][:16]
+    return [row.reshape(-1)[:256].tolist() for row in rows]
 
 
 def encode(indices, n: int) -> str:
@@ -421,30 +426,53 @@ def _domain(reps, ranks) -> set:
     return set(range(reps[ranks[0]]["loader"]["dataset"]["len"]))
 
 
-def _causes(reps, ranks) -> tuple[list[str], str]:
-    """What the ranks' samplers and datasets say about why, and the user's line at fault."""
+FIXES = {
+    "shards": "build the ranks' shards so that together they cover the dataset, each sample once: "
+              "Subset(dataset, range(rank, len(dataset), world_size)), or one DistributedSampler "
+              "over the whole dataset; a slice of len(dataset) // world_size per rank drops the "
+              "tail, and a shuffle each rank makes on its own before slicing overlaps",
+    "none": "give the DataLoader a DistributedSampler(dataset) (each rank a disjoint share of one "
+            "permutation) and call sampler.set_epoch(epoch) each epoch; DataLoader(shuffle=True) "
+            "alone draws the whole dataset on every rank",
+    "seed": "pass DistributedSampler the same seed on every rank: each rank takes its share of one "
+            "permutation seeded with seed + epoch (torch/utils/data/distributed.py:111, 134); keep "
+            "per-rank seeds for augmentation",
+    "epoch": "call sampler.set_epoch(epoch) with the same epoch on every rank",
+    "layout": "leave num_replicas and rank out of DistributedSampler (it reads them from the "
+              "process group) or pass dist.get_world_size() and dist.get_rank()",
+    "": "compare how each rank builds its dataset and sampler: one DistributedSampler(dataset) with "
+        "the same seed and epoch on every rank gives disjoint shares that cover the dataset",
+}
+
+
+def _causes(reps, ranks, eps) -> tuple[list[str], str, str]:
+    """What the ranks' samplers and datasets say about why; the user's line at fault; the fix."""
     loaders = [reps[r]["loader"] for r in ranks]
     samp = [x["sampler"] for x in loaders]
     outer = [(x["dataset"].get("layers") or [None])[0] for x in loaders]
-    why = []
     if all(outer) and len({o["set"] for o in outer}) > 1:
         return ["each rank builds its own Subset of the dataset (a shard per rank): their union "
-                "is what the ranks can train on"], outer[0]["line"]
+                "is what the ranks can train on"], outer[0]["line"], FIXES["shards"]
     if not any(s["distributed"] for s in samp):
         return [f"the sampler is {samp[0]['type']} on every rank, which knows nothing of the ranks: "
-                f"each rank draws from the whole dataset ({samp[0]['len']} samples per epoch)"], loaders[0]["line"]
-    for name in ("seed", "num_replicas"):
-        values = [s.get(name) for s in samp]
-        if len(set(values)) > 1:
+                f"each rank draws from the whole dataset ({samp[0]['len']} samples per epoch)"], \
+            loaders[0]["line"], FIXES["none"]
+    why, kind = [], ""
+    values = {"seed": [s.get("seed") for s in samp], "epoch": [e["sampler_epoch"] for e in eps],
+              "num_replicas": [s.get("num_replicas") for s in samp],
+              "rank": [s.get("rank") for s in samp]}
+    for name in ("seed", "epoch", "num_replicas"):
+        if len(set(values[name])) > 1:
             why.append(f"DistributedSampler {name} differs per rank: " +
-                       ", ".join(f"rank {r} {name}={v}" for r, v in zip(ranks, values)))
-    if any(s["distributed"] and s["num_replicas"] != len(ranks) for s in samp):
-        why.append(f"DistributedSampler num_replicas={samp[0]['num_replicas']} on {len(ranks)} ranks")
-    if len({s.get("rank") for s in samp}) < len(samp):
-        why.append("DistributedSampler rank= is the same on several ranks: " +
-                   ", ".join(f"rank {r} rank={s.get('rank')}" for r, s in zip(ranks, samp)))
+                       ", ".join(f"rank {r} {name}={v}" for r, v in zip(ranks, values[name])))
+            kind = kind or ("layout" if name == "num_replicas" else name)
+    if any(v != len(ranks) for v in values["num_replicas"]) or \
+            len(set(values["rank"])) < len(ranks):
+        why.append(f"DistributedSampler num_replicas={values['num_replicas'][0]} on {len(ranks)} "
+                   "ranks; rank= " + ", ".join(f"{v} on rank {r}" for r, v in zip(ranks, values["rank"])))
+        kind = kind or "layout"
     line = samp[0]["line"] if why and samp[0]["line"] else loaders[0]["line"]
-    return why, line
+    return why, line, FIXES[kind]
 
 
 def _several(reps, ranks, found, n_epochs: int, count: int) -> Finding:
@@ -459,7 +487,7 @@ def _several(reps, ranks, found, n_epochs: int, count: int) -> Finding:
     identical = len({e["order"] for e in eps}) == 1
     if identical:
         evidence.append("every rank drew the same samples in the same order")
-    why, where = _causes(reps, ranks)
+    why, where, fix = _causes(reps, ranks, eps)
     padding = samp[0].get("total_size", 0) - samp[0].get("dataset_len", 0)
     by_design = (all(s["distributed"] and not s["sampler_drop_last"] for s in samp) and not why
                  and len({e["sampler_epoch"] for e in eps}) == 1 and len(shared) <= padding)
@@ -473,11 +501,7 @@ def _several(reps, ranks, found, n_epochs: int, count: int) -> Finding:
                        evidence=evidence, where=reps[ranks[0]]["loader"]["line"])
     return Finding("warning", "sample-on-several-ranks", "07",
                    f"The same samples are trained on several ranks in one epoch ({len(shared)} of "
-                   f"{len(union)})", evidence=evidence + why, where=where,
-                   fix="give the DataLoader a DistributedSampler(dataset) with the same seed on "
-                       "every rank (it splits one permutation: each rank a disjoint share), and "
-                       "call sampler.set_epoch(epoch) each epoch; DataLoader(shuffle=True) alone "
-                       "draws the whole dataset on every rank")
+                   f"{len(union)})", evidence=evidence + why, where=where, fix=fix)
 
 
 def _missing(reps, ranks, found, lost_each, n_complete: int) -> Finding:
@@ -504,13 +528,10 @@ def _missing(reps, ranks, found, lost_each, n_complete: int) -> Finding:
         return Finding("info", "sample-on-no-rank", "07",
                        f"{len(lost)} sample(s) on no rank in an epoch: {'; '.join(reasons)}, by design",
                        evidence=evidence, where=reps[ranks[0]]["loader"]["line"])
-    why, where = _causes(reps, ranks)
+    why, where, fix = _causes(reps, ranks, eps)
     return Finding("warning", "sample-on-no-rank", "07",
                    f"Samples no rank trains on: {len(lost)} in one epoch", evidence=evidence + why,
-                   where=where,
-                   fix="split the dataset so the ranks' shares cover it: DistributedSampler(dataset) "
-                       "(it pads to an even count), or a strided shard indices[rank::world_size]; "
-                       "a slice of len(dataset) // world_size per rank drops the tail every epoch")
+                   where=where, fix=fix)
 
 
 def _judge_epochs(per_rank) -> list[Finding]:
