@@ -70,7 +70,16 @@ def _break(ctx, message: str) -> dict:
     where = ""
     if at and ctx.is_user_file(at.group(1)):
         where = _describe(at.group(1), int(at.group(2)))
-    return {"step": ctx.step, "reason": head, "explain": explain[:300], "where": where}
+    return {"step": ctx.step, "reason": _short(head), "explain": _short(explain)[:300],
+            "where": where}
+
+
+def _short(text: str) -> str:
+    """Machine paths out of PyTorch's words: torch's files as torch/..., others by name."""
+    def one(m):
+        path = m.group(0)
+        return path.split("site-packages/", 1)[1] if "site-packages/" in path else os.path.basename(path)
+    return re.sub(r"(?<![\w.])/(?:[\w.+-]+/)+[\w.+-]+", one, text or "")
 
 
 def _describe(path: str, line: int) -> str:
@@ -105,10 +114,11 @@ def _guard(text: str) -> dict:
             "read": read[-1] if read else None, "hint": hint.group(1) if hint else ""}
 
 
-def _compile(ctx, m, step: int) -> dict:
+def _compile(ctx, m, step: int, calls: dict) -> dict:
     rec = {"step": step, "fn": m.co_name, "file": os.path.basename(m.co_filename or ""),
            "first": m.co_firstlineno, "ops": m.graph_op_count, "user": ctx.is_user_file(
-               m.co_filename or ""), "call": _user_call(ctx, m.stack_trace)}
+               m.co_filename or ""),
+           "call": calls.get(str(m.compile_id)) or _user_call(ctx, m.stack_trace)}
     if m.recompile_reason:
         g = _guard(m.recompile_reason)
         read = g.pop("read")
@@ -116,16 +126,22 @@ def _compile(ctx, m, step: int) -> dict:
         rec["recompile"] = g
     if m.fail_type:
         at = m.fail_user_frame_filename
-        rec["fail"] = {"type": m.fail_type, "reason": (m.fail_reason or "").strip()[:600],
+        rec["fail"] = {"type": m.fail_type, "reason": _short(m.fail_reason or "").strip()[:600],
                        "at": _describe(at, m.fail_user_frame_lineno)
                        if at and m.fail_user_frame_lineno and ctx.is_user_file(at) else ""}
     return rec
 
 
 def attach(ctx) -> None:
+    import torch._dynamo
     from torch._dynamo import utils
 
-    seen = {"last": None}
+    seen, calls = {"last": None}, {}
+    # the user's line that called into the frame dynamo compiles: its start callback runs with
+    # the caller's Python stack intact (convert_frame.py:1681, callback.py); the stack that
+    # CompilationMetrics keeps skips the immediate caller of a compiled function
+    started = ctx.guard(lambda args: calls.__setitem__(args.compile_id, ctx.user_line()))
+    torch._dynamo.callback_handler.register_start_callback(started)
     logger = logging.getLogger(GRAPH_BREAKS)
     before = (logger.level, logger.propagate)
     handler = _Breaks(ctx)
@@ -141,11 +157,12 @@ def attach(ctx) -> None:
         for m in metrics[start:]:
             # AOT's own records carry no frame; the checks' own hooks are not the script's
             if m.co_name and m.is_forward is not False and not _own(m.co_filename):
-                c.add("compiles", _compile(c, m, step))
+                c.add("compiles", _compile(c, m, step, calls))
         if metrics:
             seen["last"] = metrics[-1]
 
     def finish(c):
+        torch._dynamo.callback_handler.remove_start_callback(started)
         logger.removeHandler(handler)
         logger.setLevel(before[0])
         logger.propagate = before[1]
@@ -252,8 +269,9 @@ def _fullgraph(ev) -> list[Finding]:
     if not where:
         where = next((c["fail"]["at"] for c in ev.ranks[rank].get("compiles", [])
                       if c.get("fail", {}).get("at")), "") or err.get("line", "")
-    ev_lines = [f"rank {rank}: PyTorch ({err['type']}): {lines[0] if lines else ''}"]
-    ev_lines += [f"PyTorch's {h[0].lower()}{h[1:]}" for h in hints]
+    ev_lines = [f"rank {rank}: PyTorch ({err['type']}): {_short(lines[0]) if lines else ''}"]
+    if "DDP" not in why:  # for DDP's own break PyTorch's hints speak of code that is not the user's
+        ev_lines += [f"PyTorch's {h[0].lower()}{h[1:]}" for h in hints]
     if why:
         ev_lines.append(f"the cause: {why}")
     return [Finding(
@@ -384,10 +402,12 @@ def _breaks(ev) -> list[Finding]:
         return []
     again = [k for k, e in seen.items() if any(len({s for s in st if s >= 1}) >= 2
                                                for st in e["steps"].values())]
-    ev_lines = [f"{reason} at {where} (rank{'s' if len(e['ranks']) > 1 else ''} "
-                f"{', '.join(map(str, sorted(e['ranks'])))})" for (where, reason), e in seen.items()]
-    ev_lines.append("each break ends a graph: the code around it runs eagerly, and under DDP it "
-                    "also splits the graph DDPOptimizer cuts at bucket boundaries")
+    ev_lines = [f"{where}: {reason}" + (f" ({e['b']['explain']})" if e["b"].get("explain") else "")
+                + f" (rank{'s' if len(e['ranks']) > 1 else ''} {', '.join(map(str, sorted(e['ranks'])))})"
+                for (where, reason), e in seen.items()]
+    ev_lines.append("each break ends a graph: the code around it runs eagerly" + (
+        ", and DDPOptimizer cuts the graphs on each side at DDP's buckets again" if _ddp_compiled(ev)
+        else ""))
     if again:
         ev_lines.append("traced again in several steps: the break is recompiled, not only run")
     first = again[0] if again else next(iter(seen))
@@ -397,6 +417,13 @@ def _breaks(ev) -> list[Finding]:
         f"{'' if len(seen) == 1 else 's'})", ev_lines,
         "make that line traceable (no print, .item(), data-dependent Python branch or "
         "untraceable call inside the compiled code), or move it out", where=first[0])]
+
+
+def _ddp_compiled(ev) -> bool:
+    """A DDP model under torch.compile (compiled around DDP, or DDP around a compiled module)."""
+    return any((m["kind"] == "compiled" and m["type"] == "DistributedDataParallel")
+               or (m["kind"] == "ddp" and m["type"] == "OptimizedModule")
+               for r in ev.ranks for m in r.get("models", []))
 
 
 CHECK = Check(

@@ -1,0 +1,47 @@
+"""Train a small encoder + head under DDP(torch.compile(..., fullgraph=True)) on 2 CPU ranks,
+recording the encoder's gradient norm each step with a backward hook.
+Bug: a module-level backward hook (register_full_backward_hook) cannot be traced without compiled
+autograd, so fullgraph=True fails at the first forward, on every rank.
+Modelled on https://github.com/pytorch/pytorch/issues/133303 and https://github.com/pytorch/pytorch/issues/146565."""
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+grad_norms = []
+
+
+def record_grad_norm(module, grad_input, grad_output):
+    grad_norms.append(grad_output[0].norm().item())
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.encoder = nn.Sequential(nn.Linear(8, 16), nn.ReLU())
+        self.head = nn.Linear(16, 2)
+
+    def forward(self, x):
+        return self.head(self.encoder(x))
+
+
+def main():
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    net = Net()
+    net.encoder.register_full_backward_hook(record_grad_norm)
+    model = DDP(torch.compile(net, backend="eager", fullgraph=True))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(rank)
+    for step in range(3):
+        x, y = torch.randn(4, 8, generator=g), torch.randint(0, 2, (4,), generator=g)
+        loss = nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
