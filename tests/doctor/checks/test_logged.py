@@ -1,0 +1,217 @@
+"""The logged check (ddp_lab/doctor/checks/logged.py): a logged value equal to a known wrong formula
+of its global value is a warning at the line that logged it, on the corpus cases' broken scripts
+(each run under watch on 2 real ranks); their fixed scripts get nothing; a rank logging its own
+loss is a note. Fast tests hold the formulas and the line reading on hand-made records.
+
+    logged-value-not-global  40 (unweighted mean over ranks, ignore_index padding), 41 (SUM not
+                             divided), 42 (accumulation: 1/k), 43 (last micro-batch), 44 (FSDP2
+                             shard's gradient norm), 45 (accuracy: mean of rank fractions)
+    logged-value-one-rank    a script where each rank prints its own loss (a note, never a warning)
+"""
+import sys
+import textwrap
+import tomllib
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+import torch
+from torch.overrides import TorchFunctionMode
+
+from ddp_lab.doctor.checks import logged
+from ddp_lab.doctor.watch.context import Evidence
+
+CORPUS = Path(__file__).parents[2] / "corpus" / "watch"
+CASES = ["40_loss_mean_over_ranks_ignore_index", "41_loss_allreduce_sum_not_divided",
+         "42_accumulation_loss_logged_scaled", "43_accumulation_last_microbatch_logged",
+         "44_fsdp2_grad_norm_local_shard", "45_accuracy_mean_of_rank_fractions"]
+REASONS = dict(zip(CASES, ("unweighted mean over ranks", "SUM of the ranks", "divided by the number",
+                           "last micro-batch", "local shard", "unweighted mean of the ranks' fractions")))
+
+
+@lru_cache(maxsize=None)
+def report(path: str):
+    from ddp_lab.doctor.watch.script_mode import watch_script
+
+    return watch_script(path, nproc=2, timeout=90, checks=["logged"])
+
+
+def fault(case: str) -> tuple[int, str]:
+    text = tomllib.loads((CORPUS / case / "case.toml").read_text())["fault"]
+    lines = (CORPUS / case / "broken.py").read_text().splitlines()
+    found = [i + 1 for i, line in enumerate(lines) if text in line]
+    assert len(found) == 1, (case, text, found)
+    return found[0], text
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", CASES)
+def test_broken_script_warns_at_the_logging_line(case):
+    rep = report(str(CORPUS / case / "broken.py"))
+    hits = [f for f in rep.findings if f.code == "logged-value-not-global"]
+    assert len(hits) == 1, [(f.code, f.where, f.evidence) for f in rep.findings] + rep.notes
+    f = hits[0]
+    line, text = fault(case)
+    assert f.severity == "warning" and f.lesson == "14"
+    assert f.where.startswith(f"broken.py:{line}: ") and text in f.where, f.where
+    assert REASONS[case] in f.title, f.title
+    assert f.evidence and f.fix
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", CASES)
+def test_fixed_script_gets_no_finding(case):
+    rep = report(str(CORPUS / case / "fixed.py"))
+    assert rep.status == "ok", rep.notes
+    assert not rep.findings, [(f.code, f.where, f.evidence) for f in rep.findings]
+    assert not [n for n in rep.notes if "hook failed" in n or "failed on this run" in n], rep.notes
+
+
+OWN_LOSS = '''
+import torch, torch.distributed as dist, torch.nn as nn, torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+torch.manual_seed(0)
+model = DDP(nn.Linear(4, 3))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+g = torch.Generator().manual_seed(rank)
+for step in range(3):
+    x, y = torch.randn(6 + 4 * rank, 4, generator=g), torch.randint(0, 3, (6 + 4 * rank,), generator=g)
+    loss = F.cross_entropy(model(x), y)
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    print(f"rank {rank} step {step} loss {loss.item():.4f}")
+dist.destroy_process_group()
+'''
+
+
+@pytest.mark.slow
+def test_rank_logging_its_own_loss_is_a_note(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(OWN_LOSS)
+    rep = report(str(script))
+    assert [f.code for f in rep.findings] == ["logged-value-one-rank"], rep.findings
+    f = rep.findings[0]
+    assert f.severity == "info"
+    assert f.where.startswith("train.py:16: ") and "loss.item()" in f.where, f.where
+
+
+# --- fast: the formulas on hand-made records --------------------------------------------------
+def train(step, *micro, k=None):
+    """Records of one rank's step: (loss, count) per micro-batch, backward of loss / k."""
+    k = k or 1
+    out = []
+    for v, n in micro:
+        out += [{"s": step, "fn": "cross_entropy", "v": v, "grad": True, "red": "mean", "n": n},
+                {"s": step, "fn": "backward", "v": v / k}]
+    return out
+
+
+def judged(ranks):
+    return logged.judge(Evidence(ranks, script="train.py"))
+
+
+def value(step, v, line="train.py:9: print(x.item())"):
+    return {"s": step, "v": [v], "line": line}
+
+
+def test_weighted_mean_is_true_and_unweighted_is_a_warning():
+    t = (1.0 * 10 + 2.0 * 30) / 40
+    ranks = [{"logged.train": train(0, (1.0, 10))}, {"logged.train": train(0, (2.0, 30))}]
+    assert judged([dict(r, **{"logged.value": [value(1, t)]}) for r in ranks]) == []
+    found = judged([dict(r, **{"logged.value": [value(1, 1.5)]}) for r in ranks])
+    assert [(f.code, f.severity) for f in found] == [("logged-value-not-global", "warning")]
+    assert "unweighted" in found[0].title and found[0].where == "train.py:9: print(x.item())"
+
+
+def test_equal_counts_make_the_plain_mean_true():
+    ranks = [{"logged.train": train(0, (1.0, 8)), "logged.value": [value(0, 1.5)]},
+             {"logged.train": train(0, (2.0, 8)), "logged.value": [value(0, 1.5)]}]
+    assert judged(ranks) == []
+
+
+def test_own_loss_is_a_note_and_unknown_values_are_nothing():
+    ranks = [{"logged.train": train(0, (1.0, 10)), "logged.value": [value(0, 1.0)]},
+             {"logged.train": train(0, (2.0, 30)), "logged.value": [value(0, 7.25)]}]
+    assert [(f.code, f.severity) for f in judged(ranks)] == [("logged-value-one-rank", "info")]
+
+
+def test_accumulation_one_kth_and_last_micro_batch():
+    a = {"logged.train": train(0, (1.0, 8), (3.0, 8), k=2)}
+    b = {"logged.train": train(0, (2.0, 8), (4.0, 8), k=2)}
+    t = 2.5
+    for v, why in ((t / 2, "divided by the number"), (3.5, "last micro-batch"), (3.0, "last")):
+        found = judged([dict(a, **{"logged.value": [value(0, v)]}), b])
+        assert [f.code for f in found] == ["logged-value-not-global"] and why in found[0].title, v
+    assert judged([dict(a, **{"logged.value": [value(0, t)]}), b]) == []
+
+
+def test_a_step_with_two_losses_per_backward_is_not_judged():
+    two = [{"s": 0, "fn": "mse_loss", "v": 0.5, "grad": True, "red": "mean", "n": 4}]
+    ranks = [{"logged.train": two + train(0, (1.0, 10)), "logged.value": [value(0, 1.5)]},
+             {"logged.train": train(0, (2.0, 30)), "logged.value": [value(0, 1.5)]}]
+    assert judged(ranks) == []
+
+
+def test_a_line_that_once_logs_the_true_value_is_never_flagged():
+    t = (1.0 * 10 + 2.0 * 30) / 40
+    ranks = [{"logged.train": train(0, (1.0, 10)) + train(1, (1.0, 30)),
+              "logged.value": [value(0, 1.5), value(1, 1.5)]},
+             {"logged.train": train(0, (2.0, 30)) + train(1, (2.0, 10)), "logged.value": []}]
+    t1 = (1.0 * 30 + 2.0 * 10) / 40
+    assert t1 != 1.5 and t != 1.5
+    assert judged(ranks)  # both steps unweighted: flagged
+    ranks[0]["logged.value"][1] = value(1, t1)
+    assert judged(ranks) == []
+
+
+# --- fast: which conversions are logged, and what number the log shows ------------------------
+class Ctx:
+    step = 0
+
+    def __init__(self):
+        self.records = {}
+
+    def add(self, key, item):
+        self.records.setdefault(key, []).append(item)
+
+    def is_user_file(self, name):
+        return name == __file__
+
+    def user_line(self, frame=None):
+        return f"line {frame.f_lineno}"
+
+
+MODE = """
+class Numbers(TorchFunctionMode):
+    def __init__(self, ctx):
+        super().__init__()
+        self.ctx = ctx
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func in (torch.Tensor.item, torch.Tensor.__format__, torch.Tensor.__float__):
+            logged._on_number(self.ctx, func, args, out)
+        return out
+"""
+# The core's mode in small, compiled under another file name: as in a real run, the handler is
+# called from frames outside the user's file, and the user's frame is the test's.
+SPACE = {"TorchFunctionMode": TorchFunctionMode, "torch": torch, "logged": logged}
+exec(compile(MODE, "<the core's mode>", "exec"), SPACE)
+Numbers = SPACE["Numbers"]
+
+
+def test_only_numbers_a_logging_call_shows_are_recorded(capsys):
+    ctx, t, world = Ctx(), torch.tensor(3.0), 2
+    with Numbers(ctx):
+        x = t.item()  # not logged here: whatever happens to x later is not seen
+        print(f"loss {t.item() / world:.3f} {t:.2f}", float(t) * 2)
+        if t.item() > 1:
+            pass
+        print("loss %.3f" % t.item(), round(t.item() + 1, 2))
+    capsys.readouterr()
+    assert x == 3.0
+    got = [e["v"][0] for e in ctx.records["logged.value"]]
+    assert got == [1.5, 3.0, 6.0, 3.0], got
