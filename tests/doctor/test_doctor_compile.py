@@ -1,98 +1,20 @@
-"""The doctor's compile check (doctor/compiled.py: `compile=True`, `--compile`) beyond lesson 15's
-ModuleCases (a Python counter, a side effect in a checkpoint: test_doctor_registry checks them):
-a graph break from a branch on a tensor's value, ranks that compile different graphs because
-their sequence lengths differ, a DDP setting that fails only under compile, and the CLI flag."""
+"""The doctor's compile settings (doctor/compiled.py: `compile=True`, `compile={...}`,
+`--compile` and `--compile-*`): what the user's settings become, the note that says how the doctor
+compiled and what it did not exercise, and the CLI flags. The findings themselves are the registry
+check's: tests/doctor/checks/test_compile_settings.py."""
 from __future__ import annotations
 
 import argparse
-import inspect
 
 import pytest
-import torch
-import torch.nn.functional as F
-from torch import nn
+import torch._inductor.config as inductor_config
 
-from ddp_lab.doctor import doctor
-from ddp_lab.doctor.cli import configure
+from ddp_lab.doctor import DoctorInputError, doctor
+from ddp_lab.doctor.cli import _compile, configure
+from ddp_lab.doctor.compiled import cpp_compiler, note, settings_of
 from ddp_lab.lessons import l15_compile as l15
 
 pytestmark = pytest.mark.usefixtures("no_leftovers")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def warm_compiler():
-    l15.prepare()
-
-
-def line_of(cls, text: str) -> int:
-    lines, first = inspect.getsourcelines(cls.forward)
-    return first + next(i for i, ln in enumerate(lines) if text in ln)
-
-
-class MergesPairs(nn.Module):
-    """Merges neighbouring positions in pairs, padding an odd length first (as patch merging
-    does): a rank whose sequences have an odd length runs one op more."""
-
-    def __init__(self):
-        super().__init__()
-        self.lin = nn.Linear(16, 16)
-
-    def forward(self, x):  # (batch, time, 16)
-        if x.shape[1] % 2:
-            x = F.pad(x, (0, 0, 0, 1))
-        return self.lin(x.unflatten(1, (-1, 2)).mean(2))
-
-
-class ClipsLarge(nn.Module):
-    """Rescales activations only when they grow large, decided in Python on a tensor's value."""
-
-    def __init__(self):
-        super().__init__()
-        self.lin = nn.Linear(16, 16)
-
-    def forward(self, x):
-        h = self.lin(x)
-        if h.abs().max() > 100:
-            h = h / h.abs().max()
-        return h
-
-
-class Small(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.lin = nn.Linear(16, 16)
-
-    def forward(self, x):
-        return torch.relu(self.lin(x))
-
-
-def test_ranks_with_another_length_compile_another_graph_named_by_its_line():
-    report = doctor(MergesPairs, torch.randn(4, 12, 16), compile=True, timeout=60)
-    [f] = [f for f in report.findings if f.code == "ranks-compile-different-graphs"]
-    assert f.lesson == "15" and f.severity == "warning"
-    line = line_of(MergesPairs, "F.pad(")
-    expected = f"test_doctor_compile.py:{line} in forward: x = F.pad("
-    assert any(expected in e for e in f.evidence), f.evidence
-    assert report.errors == []
-
-
-def test_a_branch_on_a_tensor_value_is_a_graph_break_at_its_line():
-    report = doctor(ClipsLarge, torch.randn(8, 16), compile=True, timeout=60)
-    [f] = [f for f in report.findings if f.code == "graph-break-in-module"]
-    line = line_of(ClipsLarge, "if h.abs().max() > 100")
-    assert any(f"test_doctor_compile.py:{line} in forward: if h.abs().max() > 100:" in e
-               for e in f.evidence), f.evidence
-    assert "recompiles" not in " ".join(report.codes())  # same batch, nothing to recompile
-
-
-def test_a_bucket_smaller_than_ddps_first_fails_only_under_compile():
-    """DDPOptimizer asserts that DDP's first bucket (1 MiB) is no larger than the others
-    (torch/_dynamo/backends/distributed.py, DDPOptimizer.__init__); eager DDP accepts it."""
-    report = doctor(Small, torch.randn(8, 16), ddp_kwargs={"bucket_cap_mb": 0.5}, compile=True,
-                    timeout=60)
-    [f] = report.errors
-    assert f.code == "fails-under-compile" and f.lesson == "15"
-    assert "AssertionError" in f.title and "First bucket should be smaller/equal" in f.evidence[0]
 
 
 def test_without_compile_nothing_is_compiled_or_reported():
@@ -101,7 +23,44 @@ def test_without_compile_nothing_is_compiled_or_reported():
     assert not any(n.startswith("compile:") for n in report.notes)
 
 
-def test_cli_takes_compile():
+def test_cli_takes_compile_and_the_users_settings():
     parse = configure(argparse.ArgumentParser()).parse_args
-    assert parse(["m.py:Net", "--input", "torch.randn(2, 8)", "--compile"]).compile is True
-    assert parse(["m.py:Net", "--input", "torch.randn(2, 8)"]).compile is False
+    base = ["m.py:Net", "--input", "torch.randn(2, 8)"]
+    assert _compile(parse(base + ["--compile"])) is True
+    assert _compile(parse(base)) is False
+    args = parse(base + ["--compile-fullgraph", "--compile-dynamic", "false",
+                         "--compile-backend", "aot_eager"])
+    assert _compile(args) == {"fullgraph": True, "dynamic": False, "backend": "aot_eager"}
+    assert _compile(parse(base + ["--compile-mode", "max-autotune"])) == {"mode": "max-autotune"}
+
+
+def test_true_is_the_doctors_own_aot_eager_and_a_dict_is_the_users_settings():
+    assert settings_of(True)["run"] == "aot_eager" and settings_of(False) is None
+    given = settings_of({"fullgraph": True, "dynamic": False, "backend": "aot_eager"})
+    assert (given["fullgraph"], given["dynamic"], given["run"]) == (True, False, "aot_eager")
+    assert settings_of({})["backend"] == "inductor"  # torch.compile's default backend
+
+
+@pytest.mark.parametrize("bad", [{"fullgrph": True}, {"dynamic": "yes"}, {"backend": len}, "inductor"])
+def test_settings_torch_compile_would_not_take_are_bad_input(bad):
+    with pytest.raises(DoctorInputError, match="compile"):
+        doctor(l15.warmup_net, l15.features, compile=bad)
+
+
+def test_inductor_without_a_cpp_compiler_runs_aot_eager_and_says_so():
+    """torch/_inductor/cpp_builder.py:83 cpp_compiler_search tries config.cpp.cxx (None: conda's
+    g++ only when TORCH_INDUCTOR_INSTALL_GXX is set) and raises InvalidCxxCompiler."""
+    with inductor_config.patch({"cpp.cxx": (None, "/nonexistent/c++")}):
+        assert cpp_compiler() == ""
+        settings = settings_of({"backend": "inductor", "mode": "max-autotune"})
+    assert settings["run"] == "aot_eager"
+    text = note(settings, 3)
+    assert "backend aot_eager instead of your inductor (no C++ compiler" in text
+    assert "mode='max-autotune'" in text and "Not exercised" in text
+
+
+def test_the_note_says_how_it_wrapped_and_what_one_batch_shape_cannot_show():
+    full = note(settings_of({"fullgraph": True, "backend": "aot_eager"}), 3)
+    assert "DDP(torch.compile(model)) with fullgraph=True" in full
+    assert "torch.compile(DDP(model))" in note(settings_of(True), 3)
+    assert "the same batch shape" in full and "ddp-lab watch" in full

@@ -5,10 +5,12 @@
   PyTorch's reason and the line that causes it: for a module-level backward hook
   (torch/_dynamo/variables/distributed.py:174) the line that REGISTERED the hook, not forward's
   call of the module;
-- `fails-under-compile` / `compile-run-failed` (error): any other failure under compile only;
+- `fails-under-compile` (error): any other failure under compile only (an exception, a crash or
+  a hang of the compile launch after the DDP phase ran through);
 - `graph-break-in-module` (warning): breaks whose cause is the module's own code;
-- `recompiles-every-step` / `recompiles-after-first-step` (warning): recompiles with the same
-  batch, so forward reads Python state that changes (PyTorch's failed guard names it);
+- `same-batch-recompiles-every-step` / `same-batch-recompiles-after-first-step` (warning):
+  recompiles with the same batch, so forward reads Python state that changes (PyTorch's failed
+  guard names it; watch's `recompiles-every-step` is the same mechanism in the user's own loop);
 - `ranks-compile-different-graphs` (warning): ranks whose compiled graphs differ in ops.
 """
 from __future__ import annotations
@@ -39,8 +41,8 @@ def _failed(ev) -> Finding:
 
     root = ev.run.root_cause
     if root is None or root.error is None:
-        return Finding("error", "compile-run-failed", LESSON, "the module could not be trained "
-                       "under torch.compile", [brief(ev.run.describe_failure())])
+        return Finding("error", "fails-under-compile", LESSON, "the module could not be trained "
+                       "under torch.compile (not without it)", [brief(ev.run.describe_failure())])
     message = root.error.message.strip()
     first = message.splitlines()[0] if message else ""
     at, _ = user_frame(root.error.traceback + "\n" + root.error.message, OWN)
@@ -128,7 +130,8 @@ def _recompiles(ev) -> list[Finding]:
         lines.append("dynamic=False: every new value of an int the graph reads is a new graph "
                      "(dynamo never makes it symbolic), until the recompile limit")
     return [Finding(
-        "warning", "recompiles-every-step" if every else "recompiles-after-first-step", LESSON,
+        "warning", "same-batch-recompiles-" + ("every-step" if every else "after-first-step"),
+        LESSON,
         "torch.compile recompiles " + ("on every step" if every else "after the first step")
         + " with the same batch",
         lines + ["the batch is the same every step, so forward reads Python state that changes "
@@ -184,8 +187,8 @@ CHECK = Check(
               "user's line",
     lesson=LESSON,
     codes={"compile-fullgraph-failed": "error", "fails-under-compile": "error",
-           "compile-run-failed": "error", "graph-break-in-module": "warning",
-           "recompiles-every-step": "warning", "recompiles-after-first-step": "warning",
+           "graph-break-in-module": "warning", "same-batch-recompiles-every-step": "warning",
+           "same-batch-recompiles-after-first-step": "warning",
            "ranks-compile-different-graphs": "warning"},
     judge=judge, tools=("doctor",), strategies=("ddp",),
     tests="tests/doctor/checks/test_compile_settings.py",
