@@ -1,0 +1,334 @@
+"""Parameters and buffers identical across ranks after the optimizer's step.
+
+On each rank, after the steps `due` picks, a hash of every parameter and buffer of each model the
+script wrapped; the parent compares them. What is compared:
+- DDP: every parameter (all-reduced gradients and the same optimizer keep the replicas equal;
+  DDP broadcasts rank 0's state only in its constructor, torch/nn/parallel/distributed.py:1066),
+  except those set aside with `parameters_to_ignore`; buffers only when DDP does not broadcast
+  them before each forward (`broadcast_buffers=False` / `forward_sync_buffers=False`:
+  distributed.py:1781 and 2375 `_check_sync_bufs_pre_fwd`); with the sync on, the buffers
+  differ after a step by design and the next forward overwrites them with rank 0's.
+- FSDP2: the parameters that are not sharded (plain tensors; DTensors with Replicate placements
+  only) and every buffer (fully_shard never syncs buffers). A sharded DTensor holds a different
+  shard on each rank by design: not compared.
+Where it differs, the line at fault: an edit of a parameter outside the optimizer's step made
+on some ranks only (a TorchFunctionMode sees in-place ops, `.data =`, nn.init, load_state_dict's
+copy_), or the change after the wrap that `wrapped` recorded; for a buffer, the line that wrote
+it (in-place ops, F.batch_norm's running stats) or the DDP(...) that turned the sync off.
+"""
+from __future__ import annotations
+
+import sys
+import zlib
+
+from ..report import Finding
+from . import Check
+
+FIRST, EVERY = 5, 10  # hash steps 0-4, then every 10th: a model's full hash is not free
+FRAMEWORK = ("/torch/distributed/", "/torch/nn/parallel/", "/torch/optim/")  # their writes are theirs
+NOT_EDITS = {"requires_grad_", "share_memory_", "retain_grad_", "record_stream_"}
+CHANGES = "model-changes"  # what checks/wrapped.py records
+
+
+def due(step: int) -> bool:
+    return step < FIRST or (step + 1) % EVERY == 0
+
+
+def digest(t) -> str:
+    """A hash of a tensor's local values (a CPU crc32 of its bytes; elsewhere torch.hash_tensor,
+    an xor of the values, computed where the tensor is)."""
+    import torch
+
+    local = t.to_local() if hasattr(t, "to_local") else t
+    data = local.detach()
+    if data.numel() == 0:
+        return "empty"
+    if data.device.type == "cpu":
+        raw = data.contiguous().reshape(-1).view(torch.uint8).numpy()
+        return f"{zlib.crc32(memoryview(raw)):08x}"
+    return f"{int(torch.hash_tensor(data)):016x}"
+
+
+def _sharded(p) -> bool:
+    placements = getattr(p, "placements", None)
+    return placements is not None and any(not pl.is_replicate() for pl in placements)
+
+
+def comparable(watched) -> list[tuple]:
+    """(model index, watched, {name: param}, {name: buffer}, sharded count) per DDP or FSDP2
+    model, each plain module once."""
+    out, seen = [], set()
+    for i, w in enumerate(m for m in watched if m.kind in ("ddp", "fsdp2")):
+        if id(w.module) in seen:
+            continue
+        seen.add(id(w.module))
+        if w.kind == "ddp":
+            ignore = set(getattr(w.wrapper, "parameters_to_ignore", ()) or ())
+            params = {n: p for n, p in w.module.named_parameters() if n not in ignore}
+            sync = getattr(w.wrapper, "forward_sync_buffers", getattr(w.wrapper, "broadcast_buffers", True))
+            buffers = {} if sync else {n: b for n, b in w.module.named_buffers() if n not in ignore}
+            out.append((i, w, params, buffers, 0))
+        else:
+            named = list(w.module.named_parameters())
+            params = {n: p for n, p in named if not _sharded(p)}
+            out.append((i, w, params, dict(w.module.named_buffers()), len(named) - len(params)))
+    return out
+
+
+class _Rank:
+    """What one rank keeps: the watched tensors by id and storage, the edits made to them
+    outside the optimizer (per user line), and whether an optimizer is stepping."""
+
+    def __init__(self, ctx):
+        self.ctx = ctx
+        self.in_optimizer = False
+        self.ids: dict[int, tuple] = {}
+        self.ptrs: dict[int, tuple] = {}
+        self.edits: dict[str, dict] = {}
+        self.dirty = False
+
+    def refresh(self) -> None:
+        self.ids.clear()
+        self.ptrs.clear()
+        models = comparable(self.ctx.models)
+        for i, w, _, _, _ in models:
+            prefix = f"model{i}." if len(models) > 1 else ""
+            for kind, named in (("parameter", w.module.named_parameters()),
+                                ("buffer", w.module.named_buffers())):
+                for n, t in named:
+                    self._remember(t, (kind, prefix + n))
+
+    def _remember(self, t, entry) -> None:
+        self.ids[id(t)] = entry
+        if not hasattr(t, "_local_tensor"):
+            try:
+                ptr = t.data_ptr()
+            except (RuntimeError, AttributeError):
+                return
+            if ptr:
+                self.ptrs[ptr] = entry
+
+    def lookup(self, t):
+        found = self.ids.get(id(t))
+        if found is None and not hasattr(t, "_local_tensor") and hasattr(t, "data_ptr"):
+            try:
+                found = self.ptrs.get(t.data_ptr())
+            except RuntimeError:
+                return None
+        return found
+
+    def wrote(self, t, frame) -> None:
+        entry = self.lookup(t)
+        if entry is None or self.in_optimizer:
+            return
+        scan = frame
+        while scan is not None and not self.ctx.is_user_file(scan.f_code.co_filename):
+            if any(s in scan.f_code.co_filename.replace("\\", "/") for s in FRAMEWORK):
+                return  # DDP's or FSDP's own copies, the optimizer's update
+            scan = scan.f_back
+        line = self.ctx.user_line(frame)
+        if not line:
+            return
+        kind, name = entry
+        e = self.edits.setdefault(f"{kind} {line}", {"kind": kind, "line": line, "names": [],
+                                                      "step": self.ctx.step, "count": 0})
+        e["count"] += 1
+        if name not in e["names"] and len(e["names"]) < 20:
+            e["names"].append(name)
+        self.dirty = True
+
+    def flush(self) -> None:
+        if self.dirty:
+            self.ctx.emit("state-edits", list(self.edits.values()))
+            self.dirty = False
+
+
+def _targets(func, args, kwargs):
+    import torch.nn.functional as F
+
+    if func is F.batch_norm or getattr(func, "__name__", "") == "batch_norm":
+        training = args[5] if len(args) > 5 else kwargs.get("training", False)
+        return [t for t in (args[1:3] if len(args) > 2 else ()) if t is not None] if training else []
+    first = args[0] if args else kwargs.get("tensor", kwargs.get("input"))
+    return [first] if first is not None else []
+
+
+def _edit_functions():
+    import torch
+
+    names = [n for n in dir(torch.Tensor) if n.endswith("_") and not n.startswith("_")
+             and n not in NOT_EDITS]
+    names += ["__setitem__", "__iadd__", "__isub__", "__imul__", "__itruediv__", "__idiv__"]
+    funcs = [getattr(torch.Tensor, n) for n in names if hasattr(torch.Tensor, n)]
+    funcs += [getattr(torch.nn.init, n) for n in dir(torch.nn.init) if n.endswith("_") and not n.startswith("_")]
+    funcs += [torch.Tensor.data.__set__, torch.nn.functional.batch_norm]
+    return funcs
+
+
+def attach(ctx) -> None:
+    import torch
+    from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+    rank = _Rank(ctx)
+    setter = torch.Tensor.data.__set__
+
+    def seen(func, args, kwargs, result):
+        if rank.in_optimizer:
+            return
+        frame = sys._getframe(1)
+        for t in _targets(func, args, kwargs):
+            rank.wrote(t, frame)
+        if func == setter and len(args) > 1 and rank.lookup(args[0]) is not None:
+            rank._remember(args[0], rank.lookup(args[0]))  # its new storage
+
+    def opt_begins(opt, args, kwargs):
+        rank.in_optimizer = True
+
+    def opt_ends(opt, args, kwargs):
+        rank.in_optimizer = False
+
+    register_optimizer_step_pre_hook(opt_begins)
+    register_optimizer_step_post_hook(opt_ends)  # after the core's, which ends the step
+    ctx.on_torch_function(_edit_functions(), seen)
+    ctx.on_model(lambda c, w: (rank.refresh(), c.add("state-models", _model_row(w))))
+    ctx.on_step_end(lambda c: _step_end(c, rank))
+    ctx.on_finish(lambda c: rank.flush())
+
+
+def _model_row(w) -> dict:
+    sync = getattr(w.wrapper, "forward_sync_buffers", getattr(w.wrapper, "broadcast_buffers", True))
+    return {"kind": w.kind, "line": w.line, "sync_buffers": bool(sync) if w.kind == "ddp" else False}
+
+
+def _step_end(ctx, rank) -> None:
+    rank.in_optimizer = False
+    step = ctx.step
+    if due(step):
+        rank.refresh()
+        models = comparable(ctx.models)
+        row = {"step": step, "parameter": {}, "buffer": {}, "sharded": 0}
+        for i, _, params, buffers, sharded in models:
+            prefix = f"model{i}." if len(models) > 1 else ""
+            row["parameter"].update({prefix + n: digest(p) for n, p in params.items()})
+            row["buffer"].update({prefix + n: digest(b) for n, b in buffers.items()})
+            row["sharded"] += sharded
+        ctx.add("state", row)
+    rank.flush()
+
+
+# --- the parent -------------------------------------------------------------------------------
+
+def judge(ev) -> list[Finding]:
+    rows = [{row["step"]: row for row in r.get("state", [])} for r in ev.ranks]
+    if len(rows) < 2 or not all(rows):
+        return []
+    out = []
+    for kind in ("parameter", "buffer"):
+        hit = _first_difference(rows, kind)
+        if hit:
+            out.append((_parameters if kind == "parameter" else _buffers)(ev, *hit))
+    if not out and all(not r[s]["parameter"] and not r[s]["buffer"] for r in rows for s in r) \
+            and any(r[s]["sharded"] for r in rows for s in r):
+        out.append(Finding(
+            "info", "state-not-compared", "12",
+            "parameters not compared across ranks: every one is sharded (FSDP2)",
+            [f"{max(r[s]['sharded'] for r in rows for s in r)} sharded DTensor parameter(s): "
+             "each rank holds its own shard by design, and the model has no buffers"],
+            strategies=("fsdp2",)))
+    return out
+
+
+def _first_difference(rows, kind):
+    for step in sorted(set.intersection(*(set(r) for r in rows))):
+        states = [r[step][kind] for r in rows]
+        differ = [n for n in states[0] if all(n in s for s in states) and len({s[n] for s in states}) > 1]
+        if differ:
+            return step, differ, states
+    return None
+
+
+def _hashes(name, states) -> str:
+    return f"{name}: " + ", ".join(f"rank {r} {s[name]}" for r, s in enumerate(states))
+
+
+def _uneven_edit(ev, kind, differ, step):
+    """The user's line that edited these tensors outside the optimizer on some ranks only (or a
+    different number of times): (line, entry, ranks that ran it), or None."""
+    per_rank = [{e["line"]: e for e in r.get("state-edits", []) if e["kind"] == kind} for r in ev.ranks]
+    best = None
+    for line in dict.fromkeys(line for p in per_rank for line in p):
+        counts = [p[line]["count"] if line in p else 0 for p in per_rank]
+        e = next(p[line] for p in per_rank if line in p)
+        if len(set(counts)) == 1 or e["step"] > step:
+            continue
+        score = (bool(set(e["names"]) & set(differ)), -e["step"])
+        if best is None or score > best[0]:
+            best = (score, line, e, [r for r, c in enumerate(counts) if c])
+    return best[1:] if best else None
+
+
+def _change(ev, step):
+    for r in ev.ranks:
+        for c in r.get(CHANGES, []):
+            if c.get("step", 0) <= step:
+                return c
+    return None
+
+
+def _parameters(ev, step, differ, states) -> Finding:
+    ev_lines = [_hashes(differ[0], states)] + ([f"also: {', '.join(differ[1:6])}"] if len(differ) > 1 else [])
+    where, fix = "", ("change parameters only through the optimizer's step on all-reduced gradients, "
+                      "or identically on every rank")
+    edit = _uneven_edit(ev, "parameter", differ, step)
+    change = None if edit else _change(ev, step)
+    if edit:
+        where, e, ranks = edit
+        ev_lines.append(f"rank(s) {', '.join(map(str, ranks))} of {ev.world_size} edited "
+                        f"{', '.join(e['names'][:4])} outside the optimizer (step {e['step']}): {where}")
+        fix = ("make the edit on every rank, or before DDP(...) (its constructor broadcasts rank 0's "
+               "parameters; nothing does afterwards)")
+    elif change:
+        where = change["line"]
+        ev_lines.append(f"{change['what']} after the model was wrapped ({change.get('wrapped_at', '')}): "
+                        f"{where}")
+        fix = "make the change before wrapping the model, or wrap it again afterwards"
+    ev_lines.append("the ranks now train different models; a checkpoint saved by rank 0 holds rank 0's only")
+    return Finding("error", "parameters-differ-after-step", "01",
+                   f"{len(differ)} parameter(s) differ between ranks after step {step}",
+                   ev_lines, fix=fix, where=where)
+
+
+def _buffers(ev, step, differ, states) -> Finding:
+    ev_lines = [_hashes(differ[0], states)] + ([f"also: {', '.join(differ[1:6])}"] if len(differ) > 1 else [])
+    writes = [e for r in ev.ranks[:1] for e in r.get("state-edits", [])
+              if e["kind"] == "buffer" and set(e["names"]) & set(differ)]
+    unsynced = [m for m in ev.ranks[0].get("state-models", []) if m["kind"] == "ddp" and not m["sync_buffers"]]
+    where = writes[0]["line"] if writes else ""
+    if writes:
+        ev_lines.append(f"written on each rank from its own data at {where}")
+    if unsynced:
+        where = unsynced[0]["line"] or where
+        ev_lines.append("DDP does not broadcast buffers before each forward here (broadcast_buffers=False)")
+    elif any(m["kind"] == "fsdp2" for m in ev.ranks[0].get("state-models", [])):
+        ev_lines.append("fully_shard never syncs buffers: each rank keeps its own")
+    ev_lines.append("each rank's statistics come from its own batches; evaluation and the "
+                    "checkpoint rank 0 saves use rank 0's")
+    return Finding("warning", "buffers-differ-after-step", "08",
+                   f"{len(differ)} buffer(s) differ between ranks after step {step}", ev_lines,
+                   fix="all_reduce the statistic before writing it into the buffer (SyncBatchNorm on "
+                       "GPUs), keep DDP's buffer broadcast on, or recompute it identically on every rank",
+                   where=where)
+
+
+CHECK = Check(
+    name="state",
+    mechanism="parameters and buffers identical across ranks after each optimizer step",
+    lesson="01",
+    codes={"parameters-differ-after-step": "error", "buffers-differ-after-step": "warning",
+           "state-not-compared": "info"},
+    attach=attach, judge=judge, tools=("watch",),
+    tests="tests/doctor/checks/test_state.py",
+    order=40,
+    notes=("hashes steps 0-4, then every 10th step (a full hash of a large model is not free)",
+           "FSDP2: sharded parameters hold a different shard per rank by design and are not compared",
+           "DDP with its buffer sync on: buffers are overwritten by rank 0's before each forward, not compared"))

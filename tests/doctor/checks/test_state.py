@@ -1,0 +1,128 @@
+"""Watch check "state" (ddp_lab/doctor/checks/state.py): parameters and buffers identical across
+ranks after the optimizer's step. Each code has a failing test (a corpus case's broken.py, or a
+small script: the code at its level, on the user's line at fault) and a passing one (the fixed.py:
+nothing louder than a note from this check)."""
+import os
+import textwrap
+
+import pytest
+import torch
+
+from ddp_lab.doctor.checks.state import digest, due, judge
+from ddp_lab.doctor.watch.context import Evidence
+from ddp_lab.doctor.watch.script_mode import watch_script
+
+CORPUS = os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, "corpus", "watch")
+CASES = {  # case folder -> (code, severity, lesson, a unique substring of broken.py's faulty line)
+    "10_batchnorm_stats_not_broadcast": ("buffers-differ-after-step", "warning", "08",
+                                         "model = DDP(Net(), broadcast_buffers=False)"),
+    "11_rank0_load_after_wrap": ("parameters-differ-after-step", "error", "01",
+                                 "model.module.load_state_dict(pretrained_state())"),
+    "14_fsdp2_head_added_after_shard": ("parameters-differ-after-step", "error", "01",
+                                        "model.head = nn.Linear(8, 3)"),
+    "15_buffer_ema_local_batch": ("buffers-differ-after-step", "warning", "08",
+                                  "self.input_mean.mul_(0.9).add_(0.1 * batch_mean)"),
+}
+
+
+def run(path, checks=("state", "wrapped")):
+    return watch_script(path, nproc=2, timeout=60, checks=list(checks))
+
+
+def line_of(path, text):
+    with open(path) as f:
+        found = [n for n, line in enumerate(f, 1) if text in line]
+    assert len(found) == 1, f"{text!r} is not one line of {path}"
+    return found[0]
+
+
+def ours(report):
+    return [f for f in report.findings if f.code in ("parameters-differ-after-step",
+                                                      "buffers-differ-after-step", "state-not-compared")]
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_broken_case_is_caught_on_its_line(case):
+    code, severity, lesson, fault = CASES[case]
+    path = os.path.join(CORPUS, case, "broken.py")
+    report = run(path)
+    hits = [f for f in report.findings if f.code == code]
+    assert hits, [(f.code, f.severity) for f in report.findings]
+    f = hits[0]
+    assert (f.severity, f.lesson) == (severity, lesson)
+    assert f.where.startswith(f"broken.py:{line_of(path, fault)}: ") and fault in f.where
+    assert "after step 0" in f.title  # the first step compared already differs
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_fixed_case_gives_no_warning(case):
+    report = run(os.path.join(CORPUS, case, "fixed.py"))
+    assert [(f.code, f.severity) for f in ours(report) if f.severity != "info"] == []
+    assert report.status == "ok"
+    ranks = report.evidence.ranks
+    assert all(not r.get("check-errors") for r in ranks)
+    assert all(len(r.get("state", [])) == 4 for r in ranks)  # it did hash the 4 steps
+
+
+def test_fully_sharded_model_is_a_note_not_a_finding():
+    report = run(os.path.join(CORPUS, "14_fsdp2_head_added_after_shard", "fixed.py"))
+    notes = [f for f in ours(report) if f.code == "state-not-compared"]
+    assert len(notes) == 1 and notes[0].severity == "info" and "sharded" in notes[0].title
+
+
+EDIT = """
+import torch, torch.distributed as dist, torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def main():
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    model = DDP(nn.Linear(4, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(3):
+        loss = model(torch.randn(8, 4)).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        with torch.no_grad():
+            if {who}:
+                model.module.weight.clamp_(-0.1, 0.1)  # keep the weights small
+    dist.destroy_process_group()
+
+
+main()
+"""
+
+
+@pytest.mark.parametrize("who, caught", [("rank == 0", True), ("True", False)])
+def test_an_edit_outside_the_optimizer_is_named_when_only_some_ranks_make_it(tmp_path, who, caught):
+    path = tmp_path / "train.py"
+    path.write_text(textwrap.dedent(EDIT.format(who=who)))
+    report = run(str(path), checks=("state",))
+    hits = [f for f in report.findings if f.code == "parameters-differ-after-step"]
+    if not caught:  # every rank clamps the same weights: they stay equal
+        assert hits == [] and report.status == "ok"
+        return
+    assert hits and hits[0].severity == "error"
+    assert hits[0].where == f"train.py:{line_of(path, 'clamp_')}: model.module.weight.clamp_(-0.1, 0.1)  # keep the weights small"
+    assert any("rank(s) 0 of 2 edited weight" in e for e in hits[0].evidence)
+
+
+def test_the_hash_sees_one_ulp_and_the_schedule_thins_out():
+    a = torch.ones(1000)
+    b = a.clone()
+    b[500] = torch.nextafter(b[500], torch.tensor(2.0))
+    assert digest(a) == digest(a.clone()) and digest(a) != digest(b)
+    assert digest(torch.ones(2, dtype=torch.bfloat16)) != digest(torch.zeros(2, dtype=torch.bfloat16))
+    assert [s for s in range(40) if due(s)] == [0, 1, 2, 3, 4, 9, 19, 29, 39]
+
+
+def test_judge_needs_two_ranks_and_a_difference():
+    row = {"step": 0, "parameter": {"w": "1"}, "buffer": {}, "sharded": 0}
+    assert judge(Evidence([{"state": [row]}])) == []
+    assert judge(Evidence([{"state": [row]}, {"state": [row]}])) == []
+    other = dict(row, parameter={"w": "2"})
+    found = judge(Evidence([{"state": [row]}, {"state": [other]}]))
+    assert [(f.code, f.severity, f.where) for f in found] == [("parameters-differ-after-step", "error", "")]
