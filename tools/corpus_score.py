@@ -109,6 +109,20 @@ def run_doctor(case: Case, variant: str) -> list:
 register("doctor", run_doctor)
 
 
+def run_watch(case: Case, variant: str) -> list:
+    """watch on one version of a case: the script unchanged on `nproc` real ranks, as
+    `ddp-lab watch [--timeout T] broken.py ARGS` runs it."""
+    from ddp_lab.doctor.watch.script_mode import watch_script
+
+    spec = case.spec
+    report = watch_script(os.path.join(case.folder, f"{variant}.py"), spec.get("args", []),
+                          nproc=spec.get("nproc", 2), timeout=spec.get("timeout", 60))
+    return report.findings
+
+
+register("watch", run_watch)
+
+
 def table(scores: list[Score]) -> str:
     """Per mechanism: cases, caught, line named, false alarms; then the totals."""
     rows: dict[str, list[Score]] = {}

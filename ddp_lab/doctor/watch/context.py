@@ -141,7 +141,7 @@ class Context:
     def model_wrapped(self, kind: str, wrapper, module, frame=None) -> None:
         w = Watched(kind, wrapper, module, self.user_line(frame))
         (self._fsdp if kind == "fsdp2" else self._others).append(w)
-        self.add("models", {"kind": kind, "type": type(module).__name__, "line": w.line})
+        self.add("models", {"kind": kind, "type": class_name(module), "line": w.line})
         for fn in self._model:
             self.guard(fn)(self, w)
 
@@ -196,6 +196,15 @@ class Context:
     def snapshot(self) -> dict:
         """Everything this rank recorded, as plain data (the torchrun path sends it whole)."""
         return dict(self.records, steps=self.steps)
+
+
+def class_name(module) -> str:
+    """The user's class name: fully_shard swaps a module's class for FSDP<Name> (a subclass of
+    FSDPModule and the original, torch/distributed/fsdp/_fully_shard/_fully_shard.py)."""
+    cls = type(module)
+    if cls.__name__.startswith("FSDP") and len(cls.__bases__) > 1:
+        cls = cls.__bases__[-1]
+    return cls.__name__
 
 
 def describe(filename: str, lineno: int, text: str) -> str:
