@@ -60,14 +60,24 @@ def attach(ctx) -> None:
         except StopIteration:
             ctx.guard(rec.exhausted)(self)
             raise
-        ctx.guard(rec.drawn)(self, index)
+        epoch = getattr(self, "_ddp_lab_epoch", None)
+        if epoch is not None and not epoch["unindexed"]:
+            if epoch["rec"]["mapper"] is None:  # plain ints, no Subset: no torch call, no guard
+                try:
+                    _drawn(epoch, index, None)
+                except Exception:  # noqa: BLE001 - never into the user's loop
+                    epoch["unindexed"] = True
+            else:  # Subset indices may be a tensor: the guard hides those calls
+                ctx.guard(_drawn)(epoch, index, epoch["rec"]["mapper"])
         return index
 
     def it_next(self):
         try:
             return next_(self)
         finally:
-            ctx.guard(rec.yielded)(self)
+            epoch = getattr(self, "_ddp_lab_epoch", None)
+            if epoch is not None:
+                epoch["end"] = ctx.step
 
     base.__init__, base._reset, base._next_index, base.__next__ = (
         it_init, it_reset, it_next_index, it_next)
@@ -131,33 +141,10 @@ class _Recorder:
         rec["epochs"].append(epoch)
         it._ddp_lab_epoch = epoch
 
-    def drawn(self, it, index) -> None:
-        epoch = getattr(it, "_ddp_lab_epoch", None)
-        if epoch is None or epoch["unindexed"]:
-            return
-        mapper = epoch["rec"]["mapper"]
-        try:
-            items = index if isinstance(index, (list, tuple)) else [index]
-            mapped = [mapper(operator.index(i)) for i in items]
-        except (TypeError, IndexError, ValueError):
-            epoch["unindexed"] = True  # keys that are not positions (or an IterableDataset's None)
-            return
-        epoch["n"] += len(mapped)
-        epoch["order"].update(repr(mapped).encode())
-        if epoch["draws"] is not None:
-            epoch["draws"] += mapped
-            if len(epoch["draws"]) > MAX_DRAWS:
-                epoch["draws"], epoch["cut"] = None, True
-
     def exhausted(self, it) -> None:
         epoch = getattr(it, "_ddp_lab_epoch", None)
         if epoch is not None:
             epoch["complete"] = not epoch["cut"]
-            epoch["end"] = self.ctx.step
-
-    def yielded(self, it) -> None:
-        epoch = getattr(it, "_ddp_lab_epoch", None)
-        if epoch is not None:
             epoch["end"] = self.ctx.step
 
     def emit(self, ctx) -> None:
@@ -167,6 +154,23 @@ class _Recorder:
             out.append({k: v for k, v in rec.items() if k not in ("mapper", "epochs")} |
                        {"epochs": epochs})
         ctx.emit(KEY, out)
+
+
+def _drawn(epoch: dict, index, mapper) -> None:
+    """One draw of the sampler (an index, or a batch sampler's list) into the epoch's record."""
+    items = index if isinstance(index, (list, tuple)) else (index,)
+    try:
+        mapped = [operator.index(i) for i in items] if mapper is None else \
+            [mapper(operator.index(i)) for i in items]
+    except (TypeError, IndexError, ValueError):
+        epoch["unindexed"] = True  # keys that are not positions (or an IterableDataset's None)
+        return
+    epoch["n"] += len(mapped)
+    epoch["order"].update(repr(mapped).encode())
+    if epoch["draws"] is not None:
+        epoch["draws"] += mapped
+        if len(epoch["draws"]) > MAX_DRAWS:
+            epoch["draws"], epoch["cut"] = None, True
 
 
 def _epoch_record(e: dict, n) -> dict:
@@ -218,9 +222,11 @@ def _subsets(ds) -> tuple[list, object]:
 
 
 def _mapper(ds):
-    """index into `ds` -> index into the dataset under its Subsets."""
+    """index into `ds` -> index into the dataset under its Subsets (None: no Subset)."""
     layers, _ = _subsets(ds)
     chain = [layer.indices for layer in layers]
+    if not chain:
+        return None
 
     def mapped(i: int) -> int:
         for indices in chain:
@@ -244,9 +250,10 @@ def _describe_dataset(ds) -> dict:
     out["fingerprint"] = fingerprint(base)
     out["layers"] = []
     for k, layer in enumerate(layers):  # outer first: each as a set of the base's indices
-        inner = _mapper(layers[k + 1]) if k + 1 < len(layers) else (lambda i: i)
+        inner = _mapper(layers[k + 1]) if k + 1 < len(layers) else None
         try:
-            mapped = [inner(operator.index(i)) for i in layer.indices]
+            mapped = [operator.index(i) if inner is None else inner(operator.index(i))
+                      for i in layer.indices]
         except (TypeError, IndexError, ValueError):
             out["layers"].append({"line": getattr(layer, "_ddp_lab_line", ""), "set": None})
             continue
