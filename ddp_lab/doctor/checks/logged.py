@@ -68,8 +68,11 @@ def attach(ctx):
     ctx.on_step_end(lambda c: state.update(rows=0))
     ctx.on_step_end(_norm_at_step_end)
 
-    def undo(c):
-        torch.nn.utils.clip_grad_norm_, dist.all_reduce = clip, reduce_
+    def undo(c):  # only what is still ours: a check that wrapped after us keeps its own
+        if torch.nn.utils.clip_grad_norm_ is clip_grad_norm_:
+            torch.nn.utils.clip_grad_norm_ = clip
+        if dist.all_reduce is all_reduce:
+            dist.all_reduce = reduce_
     ctx.on_finish(undo)
 
 
@@ -170,13 +173,18 @@ def _count_rows(ctx, watched, state):
         return
 
     def rows(module, args, kwargs):
-        if torch.is_grad_enabled():
-            return
+        state["depth"] = state.get("depth", 0) + 1
+        if torch.is_grad_enabled() or state["depth"] > 1:
+            return  # training, or a wrapped module inside one already counted (FSDP2's units)
         for a in list(args) + list(kwargs.values()):
             if isinstance(a, torch.Tensor) and a.dim() > 0:
                 state["rows"] += int(a.shape[0])
                 return
+
+    def done(module, args, output):
+        state["depth"] = max(0, state.get("depth", 0) - 1)
     watched.module.register_forward_pre_hook(ctx.guard(rows), with_kwargs=True)
+    watched.module.register_forward_hook(ctx.guard(done))
 
 
 def _on_number(ctx, func, args, out):
@@ -201,14 +209,18 @@ def _on_number(ctx, func, args, out):
     ctx.add("logged.value", {"s": ctx.step, "v": values, "line": ctx.user_line(frame)})
 
 
-_TREES: dict = {}
+_TREES: dict = {}  # file -> its logging calls' nodes and their parents
+_POSITIONS: dict = {}  # code -> (line, end line, column, end column) of each instruction
 
 
 def _logged_how(frame):
     """("value", scale) when the conversion running in `frame` is shown by a logging call on its
     line (the number times `scale`: `loss.item() / world_size` logs item/world_size), ("format",
     1) for a tensor formatted in a logging call; None when the number goes elsewhere."""
-    pos = list(frame.f_code.co_positions())[frame.f_lasti // 2]
+    code = frame.f_code
+    if code not in _POSITIONS:
+        _POSITIONS[code] = list(code.co_positions())
+    pos = _POSITIONS[code][frame.f_lasti // 2]
     nodes, parents = _tree(frame.f_code.co_filename)
     node = nodes.get(pos)
     if node is None:
@@ -285,8 +297,8 @@ def _evaluate_object(node, frame):
 
 # --- parent side ----------------------------------------------------------------------------
 WHY = {
-    "unweighted": "the unweighted mean over ranks of each rank's loss, while the ranks hold "
-                  "different numbers of terms",
+    "unweighted": "an unweighted mean over ranks (and micro-batches) of their losses, while "
+                  "they hold different numbers of terms",
     "sum": "the SUM of the ranks' values (an all_reduce not divided by the world size)",
     "accumulation": "the step's loss divided by the number of micro-batches (the loss scaled "
                     "for gradient accumulation, logged as it is)",
@@ -339,10 +351,20 @@ def _micro(events):
     return steps
 
 
-def _formulas(per_rank):
-    """{rank: {step: [(value, kind, reason, text)]}}: the true value, then wrong ones, then this
-    rank's own (a note), for every step all ranks read."""
-    out = {r: {} for r in range(len(per_rank))}
+def _evals(events):
+    """{step: [(loss, count), ...]} of the losses computed without gradient (an evaluation),
+    for the steps where every such loss is a mean."""
+    out = {}
+    for e in events:
+        if e["fn"] != "backward" and not e["grad"]:
+            out.setdefault(e["s"], []).append(e)
+    return {s: [(e["v"], e["n"]) for e in es] for s, es in out.items()
+            if all(e["red"] == "mean" and e["n"] > 0 for e in es)}
+
+
+def _formulas(per_rank, out, accumulation=True):
+    """out[rank][step] += [(value, kind, reason, text, true)]: the true value, then wrong ones,
+    then this rank's own (a note), for every step all ranks read."""
     common = set.intersection(*(set(p) for p in per_rank)) if per_rank else set()
     for s in common:
         micro = [p[s] for p in per_rank]
@@ -350,11 +372,11 @@ def _formulas(per_rank):
         own = [sum(v * c for v, c in m) / nr for m, nr in zip(micro, n)]
         mean = [sum(v for v, _ in m) / len(m) for m in micro]
         true = sum(o * nr for o, nr in zip(own, n)) / sum(n)
-        k = len(micro[0]) if len({len(m) for m in micro}) == 1 else 0
+        k = len(micro[0]) if accumulation and len({len(m) for m in micro}) == 1 else 0
         counts = "; ".join(f"rank {r}: {o:.6g} over {nr:g} terms" for r, (o, nr) in
                            enumerate(zip(own, n)))
         shared = [(true, "true", "", "")]
-        for per in (own, mean):
+        for per in (own, mean) if accumulation else (own,):
             shared += [(sum(per) / len(per), "wrong", "unweighted", counts),
                        (sum(per), "wrong", "sum", counts)]
         if k > 1:
@@ -369,8 +391,8 @@ def _formulas(per_rank):
                 mine += [(own[r] / k, "wrong", "accumulation", f"k = {k} micro-batches"),
                          (micro[r][-1][0], "wrong", "last", f"k = {k} micro-batches"),
                          (micro[r][-1][0] / k, "wrong", "last", f"k = {k} micro-batches")]
-            out[r][s] = [f + (true,) for f in shared + mine if f[1] != "wrong" or _apart(f[0], true)]
-    return out
+            out[r].setdefault(s, []).extend(
+                f + (true,) for f in shared + mine if f[1] != "wrong" or _apart(f[0], true))
 
 
 def _norm_formulas(ev, out):
@@ -419,13 +441,19 @@ def _fraction_formulas(ev, out):
 def _verdicts(ev, formulas):
     """{line: [(kind, reason, rank, step, value, formula value, text, true)]}: each logged
     number against the formulas of its step and the step before (a loss printed after
-    optimizer.step() is recorded in the next step)."""
-    lines = {}
+    optimizer.step() is recorded in the next step). A line that logs several times in a step
+    logs micro-batches, knowingly: the step-level "last" and "1/k" formulas are not its."""
+    lines, per_step = {}, {}
+    for r, rec in enumerate(ev.ranks):
+        for e in rec.get("logged.value", []):
+            per_step[r, e["line"], e["s"]] = per_step.get((r, e["line"], e["s"]), 0) + 1
+    micro_lines = {line for (_, line, _), n in per_step.items() if n > 1}
     for r, rec in enumerate(ev.ranks):
         for e in rec.get("logged.value", []):
             cands = []
             for s in (e["s"], e["s"] - 1):
-                cands += [f + (s,) for f in formulas.get(r, {}).get(s, [])]
+                cands += [f + (s,) for f in formulas.get(r, {}).get(s, [])
+                          if e["line"] not in micro_lines or f[2] not in ("last", "accumulation")]
             for v in e["v"]:
                 hit = [c for c in cands if _close(v, c[0]) or (
                     c[2] in ("fraction", "") and _close(v / 100, c[0]))]
@@ -438,8 +466,10 @@ def _verdicts(ev, formulas):
 
 
 def judge(ev):
-    per_rank = [_micro(r.get("logged.train", [])) for r in ev.ranks]
-    formulas = _formulas(per_rank) if per_rank else {}
+    formulas = {r: {} for r in range(len(ev.ranks))}
+    if ev.ranks:
+        _formulas([_micro(r.get("logged.train", [])) for r in ev.ranks], formulas)
+        _formulas([_evals(r.get("logged.train", [])) for r in ev.ranks], formulas, False)
     _norm_formulas(ev, formulas)
     _fraction_formulas(ev, formulas)
     found = []
@@ -473,8 +503,9 @@ def _finding(severity, line, seen):
         [f"rank {rank} logs {v:.6g} at step {step}; its true global value is {true:.6g}"
          + (f" (the sum over ranks and micro-batches of loss x count, divided by the sum of "
             f"counts)" if what == "loss" else ""),
-         f"{v:.6g} is {WHY[why]} ({text})",
-         f"the same at {len(seen)} logged value(s), steps {steps[0]}-{steps[-1]}"],
+         f"{v:.6g} is {WHY[why]}: {text}",
+         f"the same at {len(seen)} logged value(s), " + (
+             f"steps {steps[0]}-{steps[-1]}" if len(steps) > 1 else f"step {steps[0]}")],
         fix=FIX[why], where=line)
 
 

@@ -148,6 +148,26 @@ def test_accumulation_one_kth_and_last_micro_batch():
     assert judged([dict(a, **{"logged.value": [value(0, t)]}), b]) == []
 
 
+def test_evaluation_losses_weighted_by_their_counts():
+    def ev(*batches):
+        return [{"s": 3, "fn": "cross_entropy", "v": v, "grad": False, "red": "mean", "n": n}
+                for v, n in batches]
+    a, b = ev((1.0, 8), (1.0, 8), (3.0, 4)), ev((2.0, 8))
+    true, own_a = (8 + 8 + 12 + 16) / 28, 28 / 20
+    assert judged([{"logged.train": a, "logged.value": [value(3, true)]},
+                   {"logged.train": b, "logged.value": []}]) == []
+    found = judged([{"logged.train": a, "logged.value": [value(3, (own_a + 2.0) / 2)]},
+                    {"logged.train": b, "logged.value": []}])
+    assert [(f.code, f.severity) for f in found] == [("logged-value-not-global", "warning")]
+
+
+def test_a_line_logging_each_micro_batch_is_not_the_last_micro_batch_bug():
+    a = {"logged.train": train(0, (1.0, 8), (3.0, 8), k=2),
+         "logged.value": [value(0, 1.0), value(0, 3.0)]}
+    b = {"logged.train": train(0, (2.0, 8), (4.0, 8), k=2), "logged.value": []}
+    assert [f.severity for f in judged([a, b])] in ([], ["info"])
+
+
 def test_a_step_with_two_losses_per_backward_is_not_judged():
     two = [{"s": 0, "fn": "mse_loss", "v": 0.5, "grad": True, "red": "mean", "n": 4}]
     ranks = [{"logged.train": two + train(0, (1.0, 10)), "logged.value": [value(0, 1.5)]},
