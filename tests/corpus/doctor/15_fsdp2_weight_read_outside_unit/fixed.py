@@ -1,26 +1,23 @@
-"""A model whose second layer is gated by a learned vector, sharded with FSDP2 one unit per child.
-Fix: the gate is the second layer's own parameter, read inside its own forward, instead of the
-first layer's weight read from the parent. Modelled on deepspeedai/DeepSpeed#876."""
+"""A model that gates its output with a vector computed from its first layer's weight, sharded
+with FSDP2 one unit per child. Fix: the first layer computes the gate in its own forward, where
+FSDP2 has gathered its weight. Modelled on deepspeedai/DeepSpeed#876."""
 import torch
 from torch import nn
 
 
-class Gated(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.proj = nn.Linear(16, 16)
-        self.gate = nn.Parameter(torch.zeros(16))
+class GatedLinear(nn.Linear):
+    """A Linear layer that also returns a gate made from its own weight."""
 
     def forward(self, x):
-        return self.proj(x) * torch.sigmoid(self.gate)
+        return super().forward(x), torch.sigmoid(self.weight.sum(0))
 
 
 class Net(nn.Module):
     def __init__(self):
         super().__init__()
-        self.layer1 = nn.Linear(16, 16)
-        self.layer2 = Gated()
+        self.layer1 = GatedLinear(16, 16)
+        self.layer2 = nn.Linear(16, 16)
 
     def forward(self, x):
-        h = self.layer1(x)
-        return self.layer2(h)
+        h, gate = self.layer1(x)
+        return self.layer2(h) * gate
