@@ -20,7 +20,6 @@ state-dict hook returning copies; a tensor outside the state dict (a non-persist
 from __future__ import annotations
 
 import inspect
-import os
 import re
 
 from .report import Finding
@@ -59,9 +58,9 @@ def plain_differing(model) -> list[str]:
     import torch
     import torch.distributed as dist
 
-    names = [n for n, t in model.state_dict().items()
-             if isinstance(t, torch.Tensor) and not hasattr(t, "to_local")]
-    sums = torch.tensor([float(model.state_dict()[n].double().sum()) if model.state_dict()[n].is_floating_point() else 0.0
+    sd = model.state_dict()
+    names = [n for n, t in sd.items() if isinstance(t, torch.Tensor) and not hasattr(t, "to_local")]
+    sums = torch.tensor([float(sd[n].double().sum()) if sd[n].is_floating_point() else 0.0
                          for n in names] + [0.0], dtype=torch.float64)
     every = [torch.zeros_like(sums) for _ in range(dist.get_world_size())]
     dist.all_gather(every, sums)
@@ -139,6 +138,14 @@ def fsdp2_round_trip(source, batch, folder: str) -> dict:
 
 
 def torch_save_round_trip(source, example) -> dict:
+    """`_torch_save_round_trip` with this process's random state kept as it was (it seeds)."""
+    import torch
+
+    with torch.random.fork_rng(devices=[]):
+        return _torch_save_round_trip(source, example)
+
+
+def _torch_save_round_trip(source, example) -> dict:
     """In this process, as a DDP user saves (rank 0's `torch.save(model.state_dict())`) and
     resumes (`load_state_dict(torch.load(...))`): one step taken first, so state that training
     changes (running statistics, counters) has moved from its initial value."""

@@ -164,10 +164,6 @@ def untied(before: list, model) -> list[list[str]]:
     return [g for g in before if len({id(after.get(n)) for n in g}) > 1]
 
 
-def full(t):
-    return t.full_tensor() if hasattr(t, "full_tensor") else t
-
-
 def compare(model, ref, batch, steps: int = STEPS) -> dict:
     """`steps` SGD steps of the split `model` and the whole `ref` on the same batch: each step's
     output, and the first step's gradients paired by NAME (tied names included), a gradient
