@@ -40,7 +40,7 @@ from . import Check
 
 LESSON = "15"
 GRAPH_BREAKS = "torch._dynamo.symbolic_convert.__graph_breaks"  # symbolic_convert.py:222
-DYNAMO_ERRORS = ("Unsupported", "UserError", "UncapturedHigherOrderOpError", "RecompileError")
+DYNAMO_ERRORS = ("Unsupported", "UserError", "UncapturedHigherOrderOpError")  # torch/_dynamo/exc.py
 HOOK_CALLS = ("register_full_backward_hook", "register_backward_hook",
               "register_full_backward_pre_hook", "register_module_full_backward_hook")
 
@@ -70,6 +70,15 @@ def _break(ctx, message: str) -> dict:
     where = ""
     if at and ctx.is_user_file(at.group(1)):
         where = _describe(at.group(1), int(at.group(2)))
+    elif at and _own(at.group(1)):
+        # under watch's own TorchFunctionMode (script_mode.FunctionWatch) dynamo breaks inside the
+        # mode's __torch_function__, where it calls the user's op: the user's line is the frame
+        # right above it (a break deeper in watch's own handlers is watch's, not the user's; DDP's
+        # own breaks have torch's frames below the user's call)
+        frames = re.findall(r'File "(.+?)", line (\d+)', message.split("User code traceback:")[-1])
+        mine = [i for i, (f, _) in enumerate(frames) if ctx.is_user_file(f)]
+        if mine and mine[-1] == len(frames) - 2 and _own(frames[-1][0]):
+            where = _describe(frames[mine[-1]][0], int(frames[mine[-1]][1]))
     return {"step": ctx.step, "reason": _short(head), "explain": _short(explain)[:300],
             "where": where}
 
@@ -107,7 +116,9 @@ def _guard(text: str) -> dict:
     name = re.findall(r"(?:\.(\w+)|\[['\"](\w+)['\"]\]|^(\w+))\s*==", expr)
     read = re.findall(r'File "(.+?)", line (\d+)', text)
     hint = re.search(r"\(HINT: (.+?)\)\s*$", first)
-    return {"guard": expr[:300], "group": re.sub(r"==\s*.+$", "== ...", expr)[:300],
+    group = re.sub(r"expected \d+, actual \d+", "expected N, actual N", expr)  # a shape guard
+    group = re.sub(r"\d{6,}", "N", re.sub(r"==\s*.+$", "== ...", group))  # object ids
+    return {"guard": expr[:300], "group": group[:300],
             "name": next((a or b or c for a, b, c in name[-1:]), ""),
             "value": expr.split("==", 1)[1].strip()[:80] if "==" in expr else expr[:80],
             "shape": "size mismatch" in expr or "stride mismatch" in expr,
@@ -296,7 +307,7 @@ def _recompiles(ev) -> list[Finding]:
     for rank, r in enumerate(ev.ranks):
         for c in r.get("compiles", []):
             g = c.get("recompile")
-            if g and not g["shape"] and c["step"] >= 1:
+            if g and c["step"] >= 1:
                 e = groups.setdefault((c["fn"], g["group"]), {"ranks": {}, "values": set(), "c": c})
                 e["ranks"].setdefault(rank, set()).add(c["step"])
                 e["values"].add(g["value"])
@@ -314,13 +325,16 @@ def _recompiles(ev) -> list[Finding]:
             ev_lines.append(f"PyTorch's hint: {g['hint']}")
         ev_lines.append("past torch._dynamo.config.recompile_limit (8, torch/_dynamo/config.py:121) "
                         "dynamo stops compiling the function and runs it eagerly")
-        found.append(Finding(
-            "warning", "recompiles-every-step", LESSON,
-            f"torch.compile recompiles {fn} every step: {g['name'] or 'a value'} changes between "
-            "steps and is a constant of the compiled graph", ev_lines,
-            "keep what changes every step in a tensor (a buffer updated in place with .fill_(), "
-            "or a tensor argument, e.g. lr=torch.tensor(0.01)), not in a Python int or float",
-            where=where))
+        what = ("an input's size changes between steps and each size is compiled anew"
+                if g["shape"] else f"{g['name'] or 'a value'} changes between steps and is a "
+                "constant of the compiled graph")
+        fix = ("keep the size fixed (pad to it), or mark that dimension dynamic before the call "
+               "(torch._dynamo.mark_dynamic(x, dim))" if g["shape"] else
+               "keep what changes every step in a tensor (a buffer updated in place with .fill_(), "
+               "or a tensor argument, e.g. lr=torch.tensor(0.01)), not in a Python int or float")
+        found.append(Finding("warning", "recompiles-every-step", LESSON,
+                             f"torch.compile recompiles {fn} every step: {what}", ev_lines, fix,
+                             where=where))
     return found
 
 
@@ -369,7 +383,7 @@ def _differ(ev) -> list[Finding]:
 def _differ_finding(ev, per, step, extra, level) -> Finding:
     ev_lines = []
     for rank in range(len(ev.ranks)):
-        mine = per[rank].get(step, [])
+        mine = sorted(per[rank].get(step, []), key=lambda c: not c.get("user"))
         ev_lines.append(f"rank {rank}, step {step}: compiled " + (", ".join(
             f"{c['fn']} ({c['file']}:{c['first']}, {c['ops']} ops"
             + (f", guard failed: {c['recompile']['guard']}" if c.get("recompile") else "") + ")"

@@ -1,0 +1,139 @@
+"""The compile check (ddp_lab/doctor/checks/compiled.py): each code fails on a broken script and
+stays quiet on its fixed one, each run under watch on 2 real ranks with the script's own
+torch.compile settings (backend eager or aot_eager: inductor needs a C++ toolchain and minutes).
+
+    recompiles-every-step      50 (a step counter stored on the module), 51 (float lr + scheduler)
+    ranks-compile-differently  52 (the compiled DDP model evaluated on rank 0 only)
+    fullgraph-failed           53 (a module backward hook), 54 (fullgraph=True on the DDP wrapper)
+    graph-break                a .item() in forward, retraced every step (warning) and 51's fixed
+                               script, whose break at opt.step() is only a note
+"""
+import textwrap
+import tomllib
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+
+CORPUS = Path(__file__).parents[2] / "corpus" / "watch"
+CASES = [("50_compile_int_attr_recompiles", "recompiles-every-step", "warning"),
+         ("51_compile_float_lr_scheduler", "recompiles-every-step", "warning"),
+         ("52_compile_eval_on_rank0_only", "ranks-compile-differently", "warning"),
+         ("53_compile_fullgraph_backward_hook", "fullgraph-failed", "error"),
+         ("54_compile_fullgraph_on_ddp", "fullgraph-failed", "error")]
+
+pytestmark = pytest.mark.slow
+
+
+@lru_cache(maxsize=None)
+def report(path: str):
+    from ddp_lab.doctor.watch.script_mode import watch_script
+
+    return watch_script(path, nproc=2, timeout=150, checks=["compiled"])
+
+
+def corpus(case: str, script: str):
+    return report(str(CORPUS / case / script))
+
+
+def fault_line(case: str) -> int:
+    fault = tomllib.loads((CORPUS / case / "case.toml").read_text())["fault"]
+    lines = (CORPUS / case / "broken.py").read_text().splitlines()
+    found = [i + 1 for i, line in enumerate(lines) if fault in line]
+    assert len(found) == 1, (case, fault, found)
+    return found[0]
+
+
+def findings(rep, code: str):
+    return [f for f in rep.findings if f.code == code]
+
+
+@pytest.mark.parametrize("case,code,level", CASES)
+def test_the_broken_script_is_caught_at_the_line_at_fault(case, code, level):
+    rep = corpus(case, "broken.py")
+    found = findings(rep, code)
+    assert found and found[0].severity == level, rep.text()
+    assert found[0].where.startswith(f"broken.py:{fault_line(case)}: "), found[0].where
+    assert found[0].lesson == "15"
+
+
+@pytest.mark.parametrize("case,code,level", CASES)
+def test_the_fixed_script_gives_no_warning_or_error(case, code, level):
+    rep = corpus(case, "fixed.py")
+    assert rep.status == "ok", rep.text()
+    assert not rep.errors and not rep.warnings, rep.text()
+
+
+def test_recompiles_quote_the_guard_and_where_the_graph_reads_it():
+    f = findings(corpus("50_compile_int_attr_recompiles", "broken.py"), "recompiles-every-step")[0]
+    assert "rank 0: forward recompiled in steps 1, 2, 3" in f.evidence
+    assert any(e.startswith("PyTorch's guard that failed: self.step == ") and
+               "(read at broken.py:22: scale = min(1.0, (self.step + 1) / WARMUP))" in e
+               for e in f.evidence), f.evidence
+    assert any("allow_unspec_int_on_nn_module" in e for e in f.evidence)  # PyTorch's own hint
+
+
+def test_ranks_compiling_differently_name_the_rank_and_step():
+    f = findings(corpus("52_compile_eval_on_rank0_only", "broken.py"), "ranks-compile-differently")[0]
+    assert "step 2: rank 0 compiles what the others do not" in f.title
+    assert "rank 1, step 2: compiled nothing" in f.evidence
+    assert any(e.startswith("rank 0, step 2: compiled") and "grad_mode" in e for e in f.evidence)
+
+
+def test_fullgraph_failure_quotes_pytorch_and_blames_the_hook_not_the_forward_call():
+    f = findings(corpus("53_compile_fullgraph_backward_hook", "broken.py"), "fullgraph-failed")[0]
+    assert f.evidence[0] == ("rank 0: PyTorch (Unsupported): Module-level backwards hooks require "
+                             "compiled autograd.")
+    assert "register_full_backward_hook" in f.where
+    g = findings(corpus("54_compile_fullgraph_on_ddp", "broken.py"), "fullgraph-failed")[0]
+    assert "set_runtime_stats_and_log" not in g.where and "fullgraph=True" in g.where
+
+
+RETRACED = """
+import torch, torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 2)
+        self.epoch = 0
+
+    def forward(self, x):
+        x = x * (1 + self.epoch)
+        peak = x.abs().max().item()
+        return self.fc(x / peak)
+
+def main():
+    dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    model = torch.compile(DDP(Net()), backend="eager")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(4):
+        model.module.epoch = step
+        loss = model(torch.randn(4, 8)).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    dist.destroy_process_group()
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def test_a_graph_break_retraced_every_step_is_a_warning(tmp_path):
+    path = tmp_path / "train.py"
+    path.write_text(textwrap.dedent(RETRACED))
+    f = findings(report(str(path)), "graph-break")
+    assert f and f[0].severity == "warning", report(str(path)).text()
+    assert f[0].where == "train.py:14: peak = x.abs().max().item()"
+    assert "traced again in several steps: the break is recompiled, not only run" in f[0].evidence
+
+
+def test_a_graph_break_run_once_compiled_is_only_a_note():
+    f = findings(corpus("51_compile_float_lr_scheduler", "fixed.py"), "graph-break")
+    assert f and f[0].severity == "info"
+    assert f[0].where == "fixed.py:22: opt.step()"
+    assert any("`SGD.step` in file `torch/optim/lr_scheduler.py`" in e for e in f[0].evidence)
