@@ -33,11 +33,15 @@ def judge_saves(ev) -> list[Finding]:
             by = [who for name, who in WRAPPERS if name in item["prefix"]]
             evidence.append(f"the saved keys start with {item['prefix']!r}"
                             + (f", added by {' and '.join(by)}" if by else ""))
+        if item.get("stripped_ok"):
+            evidence.append(f"with {item['prefix']!r} taken off, every key loads: the file holds "
+                            "the model, but only the same wrapper reloads it as saved (not a "
+                            "plain model for evaluation, another strategy or a single process)")
         if item.get("sharded"):
             evidence.append("the state holds DTensors: under FSDP2 model.state_dict() is this "
                             "rank's shard of each parameter, not the full value")
         out.append(Finding(
-            "error", "checkpoint-does-not-reload", "09",
+            "warning" if item.get("stripped_ok") else "error", "checkpoint-does-not-reload", "09",
             "the checkpoint the script saves does not reload into a plain model", evidence,
             fix="save the plain module's state: model.module.state_dict() under DDP, the "
                 "module you passed to torch.compile (not its wrapper); under FSDP2 "

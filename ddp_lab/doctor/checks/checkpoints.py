@@ -30,9 +30,15 @@ from ._checkpoints_state import (at, first_difference, fresh_copy, is_dtensor, m
 
 # --- torch.save ---------------------------------------------------------------------------------
 
-def reload_saved(ctx, obj, f) -> None:
+RELOADS_PER_LINE = 2  # a save line in the loop (every N steps) is reloaded the first times only
+
+
+def reload_saved(ctx, obj, f, done: dict) -> None:
     """After torch.save(obj, f): each watched model's state in `obj` reloads from `f`."""
     if not isinstance(f, (str, os.PathLike)) or not ctx.models:
+        return
+    where = ctx.user_line()
+    if done.get(where, 0) >= RELOADS_PER_LINE:
         return
     for w in ctx.models:
         plain = plain_module(w)
@@ -41,14 +47,16 @@ def reload_saved(ctx, obj, f) -> None:
             prefix = match(d, keys)
             if prefix is None:
                 continue
-            item = {"where": ctx.user_line(), "file": os.path.basename(str(f)),
+            done[where] = done.get(where, 0) + 1
+            item = {"where": where, "file": os.path.basename(str(f)),
                     "kind": w.kind, "prefix": prefix}
-            item.update(reload_one(plain, d, path, f, any(is_dtensor(v) for v in d.values())))
+            item.update(reload_one(plain, d, path, f, any(is_dtensor(v) for v in d.values()),
+                                   prefix))
             ctx.add("saved", item)
             return
 
 
-def reload_one(plain, saved: dict, path, f, sharded: bool) -> dict:
+def reload_one(plain, saved: dict, path, f, sharded: bool, prefix: str = "") -> dict:
     import torch
 
     try:
@@ -60,12 +68,24 @@ def reload_one(plain, saved: dict, path, f, sharded: bool) -> dict:
     try:
         fresh.load_state_dict(state)
     except Exception as exc:  # noqa: BLE001
-        return {"error": f"{type(exc).__name__}: {oneline(exc)}", "sharded": sharded}
+        return {"error": f"{type(exc).__name__}: {oneline(exc)}", "sharded": sharded,
+                "stripped_ok": bool(prefix) and loads_stripped(plain, state, prefix)}
     if any(same_storage(v, t) for v, t in zip(saved.values(), plain.state_dict().values())):
         diff = first_difference(fresh.state_dict(), plain.state_dict())
         if diff:
             return {"differs": diff[0], "off": diff[1]}
     return {"ok": True}
+
+
+def loads_stripped(plain, state: dict, prefix: str) -> bool:
+    """Whether the state loads once the wrapper's prefix is taken off its keys (then the file
+    holds the whole model, under the names only the same wrapper reloads)."""
+    try:
+        fresh_copy(plain).load_state_dict(
+            {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)})
+        return True
+    except Exception:  # noqa: BLE001
+        return False
 
 
 # --- attach -------------------------------------------------------------------------------------
@@ -75,11 +95,12 @@ def attach(ctx) -> None:
     import torch.serialization
 
     save = torch.serialization.save
+    done: dict = {}
 
     def torch_save(obj, f, *args, **kwargs):
         out = save(obj, f, *args, **kwargs)
         if not ctx.checking:
-            ctx.guard(reload_saved)(ctx, obj, f)
+            ctx.guard(reload_saved)(ctx, obj, f, done)
         return out
 
     torch.save = torch_save
