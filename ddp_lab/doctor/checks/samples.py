@@ -21,7 +21,9 @@ An IterableDataset reads its own samples (its __iter__): not checked, said as a 
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
+import itertools
 import operator
 import zlib
 from collections import Counter
@@ -39,8 +41,11 @@ def attach(ctx) -> None:
     from torch.utils.data import DataLoader, Subset, dataloader
     from torch.utils.data.distributed import DistributedSampler
 
-    rec = _Recorder(ctx)
     base = dataloader._BaseDataLoaderIter
+    if getattr(base, "_ddp_lab_samples", False):
+        return  # attached once per process: a second set of wrappers would count every draw twice
+    base._ddp_lab_samples = True
+    rec = _Recorder(ctx)
     _wrap_init(DataLoader, ctx, rec.loader_made, refused=rec.refused)
     _wrap_init(DistributedSampler, ctx, _mark_line)
     _wrap_init(Subset, ctx, _mark_line)
@@ -87,6 +92,7 @@ def attach(ctx) -> None:
 def _wrap_init(cls, ctx, after, refused=None) -> None:
     original = cls.__init__
 
+    @functools.wraps(original)  # inspect.signature(DataLoader) stays PyTorch's (Lightning reads it)
     def __init__(self, *args, **kwargs):
         line = ctx.user_line()
         try:
@@ -97,7 +103,6 @@ def _wrap_init(cls, ctx, after, refused=None) -> None:
             raise
         ctx.guard(after)(self, line)
 
-    __init__.__wrapped__ = original
     cls.__init__ = __init__
 
 
@@ -289,7 +294,8 @@ def _feed(h, v, depth: int) -> None:
         for item in (list(v[:64]) + list(v[-64:]) if len(v) > 128 else v):
             _feed(h, item, depth + 1)
     elif isinstance(v, dict) and depth < 3:
-        for key in sorted(v, key=repr)[:64]:
+        h.update(f"dict{len(v)}".encode())
+        for key in itertools.islice(v, 64):  # insertion order: the same where built the same
             h.update(repr(key).encode())
             _feed(h, v[key], depth + 1)
     elif hasattr(v, "__getitem__") and hasattr(v, "__len__") and depth < 3 and hasattr(v, "__dict__"):
@@ -332,10 +338,14 @@ def judge(ev) -> list[Finding]:
     ddp = any(m.get("kind") == "ddp" for r in ev.ranks for m in r.get("models") or [])
     for key, per_rank in streams.items():
         first = next(iter(per_rank.values()))["loader"]
+        ran = [e for s in per_rank.values() for e in s["epochs"] if e["end"] > e["start"]]
         if first["dataset"].get("iterable"):
-            if any(e["end"] > e["start"] for s in per_rank.values() for e in s["epochs"]):
+            if ran:
                 out.append(_note(first, "reads an IterableDataset: the dataset's own __iter__ "
                                  "decides what each rank reads; not checked"))
+            continue
+        if ran and all(e["unindexed"] for e in ran):
+            out.append(_note(first, "draws keys that are not integer positions: not checked"))
             continue
         if len(per_rank) < world:
             if any(k[0] == key[0] and k != key for k in streams):
