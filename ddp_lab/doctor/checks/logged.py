@@ -327,6 +327,17 @@ def _apart(a, b):
     return abs(a - b) > APART * max(abs(a), abs(b), 1e-6)
 
 
+def _complete(events):
+    """The records of the steps recorded whole: when the core's cap (KEEP items a key) cut the
+    list, its last step may lack micro-batches, and a part of a step is not judged."""
+    from ..watch.context import KEEP
+
+    if len(events) < KEEP:
+        return events
+    last = max(e["s"] for e in events)
+    return [e for e in events if e["s"] != last]
+
+
 def _micro(events):
     """{step: [(loss, count), ...]} of one rank, with each step's backward factor; a step whose
     losses we cannot read (two losses for one backward, a sum reduction) is left out."""
@@ -468,8 +479,9 @@ def _verdicts(ev, formulas):
 def judge(ev):
     formulas = {r: {} for r in range(len(ev.ranks))}
     if ev.ranks:
-        _formulas([_micro(r.get("logged.train", [])) for r in ev.ranks], formulas)
-        _formulas([_evals(r.get("logged.train", [])) for r in ev.ranks], formulas, False)
+        train = [_complete(r.get("logged.train", [])) for r in ev.ranks]
+        _formulas([_micro(t) for t in train], formulas)
+        _formulas([_evals(t) for t in train], formulas, False)
     _norm_formulas(ev, formulas)
     _fraction_formulas(ev, formulas)
     found = []
