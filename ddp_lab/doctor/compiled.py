@@ -71,15 +71,19 @@ def cpp_compiler() -> str:
 def note(settings: dict, steps: int) -> str:
     """The report's note: how the doctor compiled, and what it did not exercise."""
     given = ", ".join(f"{k}={settings[k]!r}" for k in KEYS if settings[k] not in (None, False))
+    given = given if settings["asked"] else "the doctor's settings (compile=True)"
     how = ("DDP(torch.compile(model))" if settings["fullgraph"] else "torch.compile(DDP(model))")
-    ran = f"backend {settings['run']}"
     if settings["run"] != settings["backend"]:
-        ran += (f" instead of your {settings['backend']} (no C++ compiler on this machine: "
-                "dynamo's graphs, guards and breaks are the same; inductor's kernels are not run)")
+        ran = (f"run on backend {settings['run']} instead of your {settings['backend']} (no C++ "
+               "compiler on this machine: dynamo's graphs, guards and breaks are the same; "
+               "inductor's kernels are not run)")
     elif settings["run"] == "aot_eager":
-        ran += " (dynamo's graphs, guards and DDPOptimizer's splits, eager kernels)"
+        ran = ("run on backend aot_eager (dynamo's graphs, guards and DDPOptimizer's splits, "
+               "eager kernels)")
+    else:
+        ran = f"compiled by {settings['run']}"
     return (f"compile: the DDP steps again as {how} with {given or 'the defaults'}, {ran}. "
-            f"Not exercised: every step feeds each rank the same batch shape, {steps} steps, so "
+            f"Not exercised: each rank gets the same batch at each of the {steps} steps, so "
             "state your loop changes between steps (a length, a sampled width, an attribute "
             "set from outside) cannot show here: `ddp-lab watch` runs your own script for that")
 

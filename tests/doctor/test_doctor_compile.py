@@ -55,7 +55,7 @@ def test_inductor_without_a_cpp_compiler_runs_aot_eager_and_says_so():
         settings = settings_of({"backend": "inductor", "mode": "max-autotune"})
     assert settings["run"] == "aot_eager"
     text = note(settings, 3)
-    assert "backend aot_eager instead of your inductor (no C++ compiler" in text
+    assert "run on backend aot_eager instead of your inductor (no C++ compiler" in text
     assert "mode='max-autotune'" in text and "Not exercised" in text
 
 
@@ -63,4 +63,4 @@ def test_the_note_says_how_it_wrapped_and_what_one_batch_shape_cannot_show():
     full = note(settings_of({"fullgraph": True, "backend": "aot_eager"}), 3)
     assert "DDP(torch.compile(model)) with fullgraph=True" in full
     assert "torch.compile(DDP(model))" in note(settings_of(True), 3)
-    assert "the same batch shape" in full and "ddp-lab watch" in full
+    assert "the same batch at each of the 3 steps" in full and "ddp-lab watch" in full
