@@ -98,8 +98,9 @@ def _on_loss(ctx, func, args, kwargs, out):
 
 
 def _count(name, b) -> float:
-    """The number of terms a "mean" reduction divides by (torch/nn/functional.py; for
-    cross_entropy and nll_loss the weight of each target not equal to ignore_index)."""
+    """The number of terms a "mean" reduction divides by: for cross_entropy and nll_loss with
+    class indices, the sum of w[y_n] over the targets not equal to ignore_index (1 each without
+    a weight; torch 2.13 nn/modules/loss.py:1233-1239 and :170-176), else every element."""
     import torch
 
     x, y = b["input"], b["target"]
@@ -203,6 +204,8 @@ def _on_number(ctx, func, args, out):
     elif func.__name__ == "tolist" and kind != "format":
         values = [float(v) * scale for v in _small(t) or []]
     elif func.__name__ == "__format__" and t.numel() == 1:
+        # f"{loss:.4f}": Tensor.__format__ calls item() itself (torch/_tensor.py:1142), inside
+        # the mode's handler where the mode is off: the formatted tensor is the value shown
         values = [float(t.detach())]
     else:
         return

@@ -235,3 +235,18 @@ def test_only_numbers_a_logging_call_shows_are_recorded(capsys):
     assert x == 3.0
     got = [e["v"][0] for e in ctx.records["logged.value"]]
     assert got == [1.5, 3.0, 6.0, 3.0], got
+
+
+def test_counts_are_what_the_mean_reduction_divides_by():
+    import torch.nn.functional as F
+
+    x, y = torch.randn(5, 3), torch.tensor([0, 2, -100, 1, 2])
+    w = torch.tensor([1.0, 2.0, 0.5])
+    for kwargs, n in (({}, 4.0), ({"weight": w}, 1.0 + 0.5 + 2.0 + 0.5)):
+        b = {"input": x, "target": y, "ignore_index": -100, **kwargs}
+        assert logged._count("cross_entropy", b) == n
+        total = F.cross_entropy(x, y, reduction="sum", **kwargs)
+        assert torch.allclose(F.cross_entropy(x, y, **kwargs) * n, total)  # PyTorch's own divisor
+    probs = torch.softmax(torch.randn(5, 3), dim=1)
+    assert logged._count("cross_entropy", {"input": x, "target": probs}) == 5.0
+    assert logged._count("mse_loss", {"input": torch.randn(4, 1), "target": torch.randn(4, 3)}) == 12.0
