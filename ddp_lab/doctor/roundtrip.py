@@ -138,10 +138,17 @@ def fsdp2_round_trip(source, batch, folder: str) -> dict:
 
 
 def torch_save_round_trip(source, example) -> dict:
-    """`_torch_save_round_trip` with this process's random state kept as it was (it seeds)."""
+    """`_torch_save_round_trip` with this process's random state kept as it was (it seeds), the
+    module's prints and PyTorch's warnings kept out of the report (the ranks report warnings)."""
+    import contextlib
+    import io
+    import warnings
+
     import torch
 
-    with torch.random.fork_rng(devices=[]):
+    with torch.random.fork_rng(devices=[]), warnings.catch_warnings(), \
+            contextlib.redirect_stdout(io.StringIO()):
+        warnings.simplefilter("ignore")
         return _torch_save_round_trip(source, example)
 
 
