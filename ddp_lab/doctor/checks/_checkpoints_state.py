@@ -84,12 +84,27 @@ def first_difference(a: dict, b: dict):
         w = b.get(k)
         if not isinstance(v, torch.Tensor) or not isinstance(w, torch.Tensor):
             continue
-        v, w = local(v).detach(), local(w).detach()
+        v, w = as_local(v, w), as_local(w, v)
         if v.shape != w.shape:
             return k, float("nan")
         if not torch.equal(v, w.to(v.dtype)):
             return k, float((v.double() - w.double()).abs().max())
     return None
+
+
+def as_local(t, other):
+    """`t` as this rank holds it: a DTensor's local shard; a full plain tensor compared with a
+    DTensor, the same slice of it (torch/distributed/tensor/_utils.py:93,
+    compute_local_shape_and_global_offset: no collective)."""
+    if is_dtensor(t):
+        return t.to_local().detach()
+    if is_dtensor(other) and tuple(t.shape) == tuple(other.shape):
+        from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+        shape, offset = compute_local_shape_and_global_offset(
+            other.shape, other.device_mesh, other.placements)
+        return t.detach()[tuple(slice(o, o + n) for o, n in zip(offset, shape))]
+    return t.detach()
 
 
 def same_storage(a, b) -> bool:
