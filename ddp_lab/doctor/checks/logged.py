@@ -195,7 +195,7 @@ def _on_number(ctx, func, args, out):
     t = args[0] if args else None
     if frame is None or t is None or t.numel() > 8:
         return
-    how = _logged_how(frame)
+    how = _logged_how(frame, func.__name__)
     if how is None:
         return
     kind, scale = how
@@ -216,17 +216,24 @@ _TREES: dict = {}  # file -> its logging calls' nodes and their parents
 _POSITIONS: dict = {}  # code -> (line, end line, column, end column) of each instruction
 
 
-def _logged_how(frame):
+CALLED_AS = {"item": ("item",), "__float__": ("float",), "tolist": ("tolist",),
+             "__format__": ("format", "")}  # the user's expression that ran the conversion
+
+
+def _logged_how(frame, conversion):
     """("value", scale) when the conversion running in `frame` is shown by a logging call on its
     line (the number times `scale`: `loss.item() / world_size` logs item/world_size), ("format",
-    1) for a tensor formatted in a logging call; None when the number goes elsewhere."""
+    1) for a tensor formatted in a logging call; None when the number goes elsewhere, or when
+    the user's expression is not the conversion itself (an item() inside a library function
+    called on a logging line is not what the line shows)."""
     code = frame.f_code
     if code not in _POSITIONS:
         _POSITIONS[code] = list(code.co_positions())
     pos = _POSITIONS[code][frame.f_lasti // 2]
     nodes, parents = _tree(frame.f_code.co_filename)
     node = nodes.get(pos)
-    if node is None:
+    if node is None or (_name(node) if isinstance(node, ast.Call) else "") not in CALLED_AS.get(
+            conversion, ()):
         return None
     kind = "format" if isinstance(node, ast.JoinedStr) or _name(node) == "format" else "value"
     scale = 1.0

@@ -215,12 +215,16 @@ class Numbers(TorchFunctionMode):
         if func in (torch.Tensor.item, torch.Tensor.__format__, torch.Tensor.__float__):
             logged._on_number(self.ctx, func, args, out)
         return out
+
+
+def library_metric(t):
+    return t.item() + 1  # an item() inside a library: not what the logging line shows
 """
 # The core's mode in small, compiled under another file name: as in a real run, the handler is
 # called from frames outside the user's file, and the user's frame is the test's.
 SPACE = {"TorchFunctionMode": TorchFunctionMode, "torch": torch, "logged": logged}
 exec(compile(MODE, "<the core's mode>", "exec"), SPACE)
-Numbers = SPACE["Numbers"]
+Numbers, library_metric = SPACE["Numbers"], SPACE["library_metric"]
 
 
 def test_only_numbers_a_logging_call_shows_are_recorded(capsys):
@@ -230,7 +234,7 @@ def test_only_numbers_a_logging_call_shows_are_recorded(capsys):
         print(f"loss {t.item() / world:.3f} {t:.2f}", float(t) * 2)
         if t.item() > 1:
             pass
-        print("loss %.3f" % t.item(), round(t.item() + 1, 2))
+        print("loss %.3f" % t.item(), round(t.item() + 1, 2), library_metric(t))
     capsys.readouterr()
     assert x == 3.0
     got = [e["v"][0] for e in ctx.records["logged.value"]]
