@@ -25,6 +25,7 @@ import sys
 import threading
 
 from ...launching.frames import FRAME
+from ...launching.results import peer_gone
 from ..report import Finding
 from . import Check
 
@@ -38,7 +39,8 @@ TIMED_OUT = re.compile(r"Timed out waiting|timed out|Timeout", re.I)
 
 # --- on each rank ------------------------------------------------------------------------------
 
-def _shape(args) -> list:
+def _shape(args):
+    """The first tensor argument's shape ([n, ...] for a list of n tensors); None: no tensor."""
     import torch
 
     for a in args:
@@ -46,7 +48,7 @@ def _shape(args) -> list:
             return list(a.shape)
         if isinstance(a, (list, tuple)) and a and isinstance(a[0], torch.Tensor):
             return [len(a), *a[0].shape]
-    return []
+    return None
 
 
 def _frames(ctx, frame) -> list:
@@ -60,6 +62,7 @@ def _frames(ctx, frame) -> list:
 
 
 def attach(ctx):
+    import torch
     import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d
 
@@ -74,7 +77,7 @@ def attach(ctx):
 
     def wrap(op, fn):
         def collective(*args, **kwargs):
-            if ctx.checking or getattr(depth, "n", 0):
+            if ctx.checking or getattr(depth, "n", 0) or torch.compiler.is_compiling():
                 return fn(*args, **kwargs)  # a check's own call, or one inside another
             ctx.guard(record)(op, args, kwargs, sys._getframe(1))
             depth.n = 1
@@ -133,20 +136,24 @@ def _position(ev, r: int, folder: str):
     if rec.get("hung"):
         return "hung", _user_frames(rec["hung"].get("stack", ""), folder, False)
     if rec.get("error"):
-        return "raised", _user_frames(rec["error"].get("traceback", ""), folder, False)
+        err = rec["error"]
+        why = (" (its peer was gone)" if peer_gone(err.get("message", "")) else
+               " (a collective timed out)" if TIMED_OUT.search(err.get("message", "")) else "")
+        return f"raised {err.get('type', 'an exception')}{why}", _user_frames(
+            err.get("traceback", ""), folder, False)
     return ("returned", []) if rec.get("exit") == 0 else ("unknown", [])
 
 
-def _hook_parting(calls: list):
+def _hook_parting(calls: dict):
     """(index, {rank: entry or None}) where the ranks' recorded calls first differ, or None."""
     if len(calls) < 2:
         return None
-    full = any(len(c) >= 500 for c in calls)  # ctx keeps 500 a key: beyond, nothing to compare
-    for i in range(max(len(c) for c in calls)):
-        at = {r: (c[i] if i < len(c) else None) for r, c in enumerate(calls)}
+    full = any(len(c) >= 500 for c in calls.values())  # ctx keeps 500 a key: no further
+    for i in range(max(len(c) for c in calls.values())):
+        at = {r: (c[i] if i < len(c) else None) for r, c in calls.items()}
         if any(e is None for e in at.values()):
             return None if full else (i, at)
-        if len({(e["op"], tuple(e["shape"])) for e in at.values()}) > 1:
+        if len({(e["op"], repr(e["shape"])) for e in at.values()}) > 1:
             return i, at
     return None
 
@@ -180,27 +187,32 @@ def _failed(ev) -> bool:
 
 def _said(ev, r: int, entry, state: str, frames: list) -> str:
     if entry is not None:
-        return (f"rank {r} entered {entry['op']}({entry['shape'] or ''}) in step {entry['step']}"
+        shape = "" if entry["shape"] is None else entry["shape"]
+        return (f"rank {r} entered {entry['op']}({shape}) in step {entry['step']}"
                 f" at {entry['line'] or 'a line outside your script'}")
     steps = len(ev.steps(r))
     if state == "returned":
         return f"rank {r} returned from the script after {steps - 1} step(s)"
+    if state == "unknown":
+        return f"rank {r} left no record of where it stood"
     at = f" at {_line(*frames[0])}" if frames else ""
-    return f"rank {r} {'was stopped' if state == 'hung' else state} in step {max(steps - 1, 0)}{at}"
+    return f"rank {r} {state} in step {max(steps - 1, 0)}{at}"
 
 
 def judge(ev):
     folder = os.path.dirname(os.path.abspath(ev.script))
-    calls = [r.get(KEY, []) for r in ev.ranks]
+    calls = {r: rec.get(KEY, []) for r, rec in enumerate(ev.ranks)
+             if not rec.get("lost")}  # lost: a rank that never handed its records over
     flight = _flight_parting(ev)
     hook = _hook_parting(calls)
     if hook is not None and flight is None and not _failed(ev):
         hook = None  # DDP's C++ collectives are not in the hook's record: it alone is no proof
     positions = {r: _position(ev, r, folder) for r in range(len(ev.ranks))}
-    if flight is None and hook is None:
-        return [_hang(ev, positions)] if _hung(ev) else []
     entries = hook[1] if hook else {r: None for r in positions}
-    where, cause, fix = _attribute(ev, entries, positions, calls)
+    left = _left_loop(ev, entries, positions) if (flight or hook or _failed(ev)) else None
+    if flight is None and hook is None and left is None:  # under torchrun: no flight recorder
+        return [_hang(ev, positions)] if _hung(ev) else []
+    where, cause, fix = left or _attribute(entries, positions, calls)
     ev_lines = [_said(ev, r, entries.get(r), *positions[r]) for r in sorted(positions)]
     if flight is not None:
         from ...launching import divergence
@@ -215,34 +227,44 @@ def judge(ev):
                     ev_lines, fix=fix, trace=trace, where=where)]
 
 
-def _attribute(ev, entries: dict, positions: dict, calls: list):
-    """(where, a sentence of evidence, the fix)."""
+def _left_loop(ev, entries: dict, positions: dict):
+    """(where, evidence, fix) when a rank had left the loop that steps the optimizer while
+    another was still in it (its call or its last position inside the loop), else None."""
     step_at = next((r["step-line"] for r in ev.ranks if r.get("step-line")), None)
-    if step_at:
-        stacks = {r: ([tuple(s.rsplit(":", 1)) for s in e["stack"]] if e is not None else
-                      positions[r][1]) for r, e in entries.items()}
-        left = [r for r in stacks if not inside_loop(step_at, stacks[r])
-                and (entries.get(r) is not None or positions[r][0] == "returned")]
-        stayed = [r for r in stacks if r not in left and inside_loop(step_at, stacks[r])]
-        if left and stayed:
-            exit_line, how = loop_exit(step_at)
-            if exit_line:
-                cause = (f"rank {', '.join(map(str, left))} left the training loop while rank "
-                         f"{', '.join(map(str, stayed))} went on into another step: {how}")
-                fix = ("every rank must run the same number of steps: " +
-                       ("decide the stop with a value all ranks agree on (all_reduce the flag, "
-                        "then break on the result)" if "break" in how else
-                        "give every rank the same number of batches (DistributedSampler pads "
-                        "them; or drop_last, or DDP's join() context for uneven inputs)"))
-                return _line(step_at[0], exit_line), cause, fix
-    lines = {r: {c["line"] for c in calls[r]} for r in range(len(calls))}
-    for r, e in entries.items():
+    if not step_at:
+        return None
+    stacks = {r: ([tuple(s.rsplit(":", 1)) for s in e["stack"]] if e is not None else
+                  positions[r][1]) for r, e in entries.items()}
+    left = [r for r in stacks if not inside_loop(step_at, stacks[r])
+            and (entries.get(r) is not None or positions[r][0] == "returned")]
+    stayed = [r for r in stacks if r not in left and inside_loop(step_at, stacks[r])]
+    exit_line, how = loop_exit(step_at) if left and stayed else (0, "")
+    if not exit_line:
+        return None
+    cause = (f"rank {', '.join(map(str, left))} left the training loop while rank "
+             f"{', '.join(map(str, stayed))} went on into another step: {how}")
+    fix = ("every rank must run the same number of steps: " +
+           ("decide the stop with a value all ranks agree on (all_reduce the flag, then break "
+            "on the result)" if "break" in how else
+            "give every rank the same number of batches (DistributedSampler pads them; or "
+            "drop_last, or DDP's join() context for uneven inputs)"))
+    return _line(step_at[0], exit_line), cause, fix
+
+
+def _attribute(entries: dict, positions: dict, calls: dict):
+    """(where, a sentence of evidence, the fix) from the calls where the ranks part."""
+    lines = {r: {c["line"] for c in made} for r, made in calls.items()}
+    # A rank with no call at all where another made its first may never have got that far (a
+    # rank still starting): its silence names no line.
+    silent = any(e is None and r in calls and not calls[r] and positions[r][0] != "returned"
+                 for r, e in entries.items())
+    for r, e in ({} if silent else entries).items():
         if e is not None and e["line"] and not any(e["line"] in lines[o] for o in lines if o != r):
             return (e["line"], f"only rank {r} called a collective from this line",
                     "a collective needs every rank of the group: call it on every rank or on "
                     "none (move it out of the rank-only branch; run rank 0's own work, such as "
                     "validation, on the plain module: model.module)")
-    named = [e for e in entries.values() if e is not None and e["line"]]
+    named = [e for e in entries.values() if e is not None and e["line"] and not silent]
     if named:
         return (named[0]["line"], "the ranks reached this line with different collectives",
                 "every rank must issue the same collectives in the same order with the same "

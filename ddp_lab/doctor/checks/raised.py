@@ -13,6 +13,8 @@ collectives check says what happened (a rank returned or hung while its peers wa
 """
 from __future__ import annotations
 
+import os
+
 from ...launching.results import SIMULTANEOUS, peer_gone
 from ...launching.sanitize import sanitize
 from ..failures import brief
@@ -60,7 +62,14 @@ def judge(ev):
         evidence,
         fix="read the root-cause rank's traceback (below) from its last line of your code: the "
             "other ranks' errors follow from it",
-        trace=sanitize(err.get("traceback", ""))[-4000:], where=err.get("line", ""))]
+        trace=_without_folder(err.get("traceback", ""), ev.script)[-4000:],
+        where=err.get("line", ""))]
+
+
+def _without_folder(text: str, script: str) -> str:
+    """The traceback, sanitized, with the script's folder left out of its paths ("train.py")."""
+    folder = os.path.dirname(os.path.abspath(script)) + os.sep if script else ""
+    return sanitize(text.replace(folder, "") if folder != os.sep else text)
 
 
 CHECK = Check(
