@@ -229,7 +229,7 @@ def _subsets(ds) -> tuple[list, object]:
 def _mapper(ds):
     """index into `ds` -> index into the dataset under its Subsets (None: no Subset)."""
     layers, _ = _subsets(ds)
-    chain = [layer.indices for layer in layers]
+    chain = [_plain(layer.indices) for layer in layers]
     if not chain:
         return None
 
@@ -238,6 +238,12 @@ def _mapper(ds):
             i = operator.index(indices[i])
         return i
     return mapped
+
+
+def _plain(indices):
+    """A Subset's indices as Python ints when they are a tensor or an array (one conversion, not
+    a tensor indexing per draw)."""
+    return indices.tolist() if hasattr(indices, "tolist") else indices
 
 
 def _describe_dataset(ds) -> dict:
@@ -254,11 +260,11 @@ def _describe_dataset(ds) -> dict:
     out["len"] = n if n is not None and n <= MAX_LEN else None
     out["fingerprint"] = fingerprint(base)
     out["layers"] = []
-    for k, layer in enumerate(layers):  # outer first: each as a set of the base's indices
+    for k, layer in enumerate(layers if out["len"] else ()):  # outer first: base index sets
         inner = _mapper(layers[k + 1]) if k + 1 < len(layers) else None
         try:
             mapped = [operator.index(i) if inner is None else inner(operator.index(i))
-                      for i in layer.indices]
+                      for i in _plain(layer.indices)]
         except (TypeError, IndexError, ValueError):
             out["layers"].append({"line": getattr(layer, "_ddp_lab_line", ""), "set": None})
             continue
@@ -353,7 +359,8 @@ def judge(ev) -> list[Finding]:
                                  "differ): its indices are not compared across ranks"))
             continue
         if not first["dataset"].get("len"):
-            out.append(_note(first, "reads a dataset without a length: not checked"))
+            out.append(_note(first, f"reads a dataset without a length or longer than {MAX_LEN} "
+                                    "samples: not checked"))
             continue
         out += _judge_stream(per_rank, _elsewhere(streams, key), ddp)
         out += _judge_epochs(per_rank)
