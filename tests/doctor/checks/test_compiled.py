@@ -44,6 +44,14 @@ def fault_line(case: str) -> int:
     return found[0]
 
 
+def line_of(case: str, script: str, text: str) -> str:
+    """"broken.py:N: text" for the one line of the script that holds `text`."""
+    lines = (CORPUS / case / script).read_text().splitlines()
+    found = [i + 1 for i, line in enumerate(lines) if text in line]
+    assert len(found) == 1, (case, text, found)
+    return f"{script}:{found[0]}: {lines[found[0] - 1].strip()}"
+
+
 def findings(rep, code: str):
     return [f for f in rep.findings if f.code == code]
 
@@ -67,8 +75,8 @@ def test_the_fixed_script_gives_no_warning_or_error(case, code, level):
 def test_recompiles_quote_the_guard_and_where_the_graph_reads_it():
     f = findings(corpus("50_compile_int_attr_recompiles", "broken.py"), "recompiles-every-step")[0]
     assert "rank 0: forward recompiled in steps 1, 2, 3" in f.evidence
-    assert any(e.startswith("PyTorch's guard that failed: self.step == ") and
-               "(read at broken.py:22: scale = min(1.0, (self.step + 1) / WARMUP))" in e
+    read = line_of("50_compile_int_attr_recompiles", "broken.py", "scale = min(")
+    assert any(e.startswith("PyTorch's guard that failed: self.step == ") and f"(read at {read})" in e
                for e in f.evidence), f.evidence
     assert any("allow_unspec_int_on_nn_module" in e for e in f.evidence)  # PyTorch's own hint
 
@@ -135,5 +143,5 @@ def test_a_graph_break_retraced_every_step_is_a_warning(tmp_path):
 def test_a_graph_break_run_once_compiled_is_only_a_note():
     f = findings(corpus("51_compile_float_lr_scheduler", "fixed.py"), "graph-break")
     assert f and f[0].severity == "info"
-    assert f[0].where == "fixed.py:22: opt.step()"
+    assert f[0].where == line_of("51_compile_float_lr_scheduler", "fixed.py", "opt.step()")
     assert any("`SGD.step` in file `torch/optim/lr_scheduler.py`" in e for e in f[0].evidence)

@@ -1,7 +1,5 @@
-"""Train a small MLP under DDP and torch.compile on 2 CPU ranks; the model scales its output by a
-warm-up factor that reads the step count the loop stores on the module.
-Bug: model.module.step = step makes an int attribute change every step: an int attribute of a
-module is a constant of the compiled graph, so torch.compile recompiles every step.
+"""Train a small MLP under torch.compile(DDP(...)) on 2 CPU ranks; forward scales by a warm-up factor of the step count.
+Bug: the loop stores the step as an int attribute of the module, a constant of the compiled graph: it recompiles every step.
 Modelled on https://github.com/pytorch/pytorch/issues/128319 and https://github.com/pytorch/pytorch/issues/115711."""
 import torch
 import torch.distributed as dist

@@ -1,7 +1,5 @@
-"""Train a small MLP under DDP and torch.compile on 2 CPU ranks; the model scales its output by a
-warm-up factor that reads the step count the loop stores on the module.
-Fix: the step lives in a buffer the loop fills in place: a tensor is an input of the compiled
-graph, not a constant, so torch.compile compiles forward once.
+"""Train a small MLP under torch.compile(DDP(...)) on 2 CPU ranks; forward scales by a warm-up factor of the step count.
+Fix: the step lives in a buffer filled in place, an input of the compiled graph: forward compiles once.
 Modelled on https://github.com/pytorch/pytorch/issues/128319 and https://github.com/pytorch/pytorch/issues/115711."""
 import torch
 import torch.distributed as dist

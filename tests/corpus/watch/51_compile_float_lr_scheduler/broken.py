@@ -1,7 +1,5 @@
-"""Train a small MLP under DDP on 2 CPU ranks with a compiled optimizer step and a
-learning-rate schedule (the pattern of PyTorch's compiled-optimizer recipe).
-Bug: the optimizer's lr is a Python float, so each value the scheduler sets is a constant of the
-compiled step: torch.compile recompiles the optimizer step every step.
+"""Train a small MLP under DDP on 2 CPU ranks with a compiled optimizer step and a LambdaLR schedule.
+Bug: the optimizer's lr is a Python float, so each value the scheduler sets is a constant: the step recompiles every step.
 Modelled on https://github.com/pytorch/pytorch/issues/107076 and https://github.com/pytorch/pytorch/issues/120934."""
 import torch
 import torch.distributed as dist

@@ -1,7 +1,5 @@
-"""Train a small MLP under DDP on 2 CPU ranks with a compiled optimizer step and a
-learning-rate schedule (the pattern of PyTorch's compiled-optimizer recipe).
-Fix: the lr is a tensor (lr=torch.tensor(0.1)): the scheduler updates it in place, an input of the
-compiled step rather than a constant, so the step compiles once.
+"""Train a small MLP under DDP on 2 CPU ranks with a compiled optimizer step and a LambdaLR schedule.
+Fix: lr=torch.tensor(0.1), which the scheduler updates in place: an input of the compiled step, compiled once.
 Modelled on https://github.com/pytorch/pytorch/issues/107076 and https://github.com/pytorch/pytorch/issues/120934."""
 import torch
 import torch.distributed as dist

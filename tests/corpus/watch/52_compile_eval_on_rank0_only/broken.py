@@ -1,6 +1,5 @@
 """Train a small MLP under torch.compile(DDP(...)) on 2 CPU ranks and evaluate it every other step.
-Bug: only rank 0 evaluates, so only rank 0 compiles the eval graph (eval mode, no_grad): it
-compiles alone while rank 1 waits in the next step's all-reduce for the whole compile.
+Bug: only rank 0 evaluates, so it compiles the eval graph alone while rank 1 waits in the next all-reduce.
 Modelled on https://github.com/huggingface/pytorch-image-models/issues/2693 and https://github.com/karpathy/nanochat/pull/722."""
 import torch
 import torch.distributed as dist

@@ -1,6 +1,5 @@
 """Train a small MLP under torch.compile(DDP(...)) on 2 CPU ranks and evaluate it every other step.
-Fix: every rank evaluates (rank 0 alone prints), so the ranks compile the eval graph in the
-same step and none waits in an all-reduce for another's compile.
+Fix: every rank evaluates (rank 0 alone prints): the ranks compile the eval graph in the same step.
 Modelled on https://github.com/huggingface/pytorch-image-models/issues/2693 and https://github.com/karpathy/nanochat/pull/722."""
 import torch
 import torch.distributed as dist

@@ -1,7 +1,5 @@
-"""Train a small encoder + head under DDP(torch.compile(..., fullgraph=True)) on 2 CPU ranks,
-recording the encoder's gradient norm each step with a backward hook.
-Bug: a module-level backward hook (register_full_backward_hook) cannot be traced without compiled
-autograd, so fullgraph=True fails at the first forward, on every rank.
+"""Train an encoder + head under DDP(torch.compile(..., fullgraph=True)) on 2 CPU ranks, recording a gradient norm by hook.
+Bug: a module backward hook cannot be traced without compiled autograd: fullgraph=True fails at the first forward.
 Modelled on https://github.com/pytorch/pytorch/issues/133303 and https://github.com/pytorch/pytorch/issues/146565."""
 import torch
 import torch.distributed as dist

@@ -1,7 +1,5 @@
-"""Train a small encoder + head under DDP(torch.compile(..., fullgraph=True)) on 2 CPU ranks,
-recording the encoder's gradient norm each step with a backward hook.
-Fix: the hook goes on a tensor, the encoder's first weight (Tensor.register_hook), which a compiled
-graph keeps: fullgraph=True captures the model in one graph and the norm is still recorded.
+"""Train an encoder + head under DDP(torch.compile(..., fullgraph=True)) on 2 CPU ranks, recording a gradient norm by hook.
+Fix: the hook goes on a tensor (the encoder's first weight), which fullgraph=True captures in one graph.
 Modelled on https://github.com/pytorch/pytorch/issues/133303 and https://github.com/pytorch/pytorch/issues/146565."""
 import torch
 import torch.distributed as dist

@@ -1,6 +1,5 @@
-"""Train a small MLP on 2 CPU ranks, compiled with fullgraph=True for speed.
-Bug: fullgraph=True is given to the DDP wrapper: DDP's own forward breaks the graph (and
-DDPOptimizer splits it at every bucket), so compiling it as one graph fails at the first forward.
+"""Train a small MLP on 2 CPU ranks, compiled with fullgraph=True.
+Bug: fullgraph=True is given to the DDP wrapper, whose own forward breaks the graph: the first forward fails.
 Modelled on https://github.com/mlcommons/algorithmic-efficiency/issues/487 and https://github.com/pytorch/pytorch/issues/107639."""
 import torch
 import torch.distributed as dist

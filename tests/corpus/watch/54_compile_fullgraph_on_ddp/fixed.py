@@ -1,6 +1,5 @@
-"""Train a small MLP on 2 CPU ranks, compiled with fullgraph=True for speed.
-Fix: the module is compiled with fullgraph=True and then wrapped in DDP, so the one graph asked
-for is the module's own; DDP's forward stays outside it.
+"""Train a small MLP on 2 CPU ranks, compiled with fullgraph=True.
+Fix: the module is compiled with fullgraph=True and then wrapped in DDP: the one graph is the module's own.
 Modelled on https://github.com/mlcommons/algorithmic-efficiency/issues/487 and https://github.com/pytorch/pytorch/issues/107639."""
 import torch
 import torch.distributed as dist
