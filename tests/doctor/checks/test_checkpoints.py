@@ -95,3 +95,93 @@ def test_fresh_copy_is_a_new_plain_module_with_the_same_keys():
     assert copy is not model and list(copy.state_dict()) == list(model.state_dict())
     copy[0].weight.data.zero_()
     assert model[0].weight.abs().sum() > 0  # not sharing storage with the live model
+
+
+# --- scripts beyond the corpus: FSDP2 with DCP, an EMA copy saved --------------------------------
+
+FSDP2_DCP = '''
+import os, shutil, tempfile
+import torch, torch.distributed as dist, torch.distributed.checkpoint as dcp, torch.nn as nn
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                     set_model_state_dict)
+from torch.distributed.fsdp import fully_shard
+
+
+def make():
+    m = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+    fully_shard(m[0]); fully_shard(m[2]); fully_shard(m)
+    return m
+
+
+def main():
+    dist.init_process_group("gloo")
+    folder = os.path.join(tempfile.gettempdir(), "ckpt-" + os.environ["MASTER_PORT"])
+    torch.manual_seed(0)
+    model = make()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    loss = model(torch.randn(4, 8)).sum(); opt.zero_grad(); loss.backward(); opt.step()
+    dcp.save({"model": model.state_dict()}, checkpoint_id=folder)
+    torch.manual_seed(1)
+    new = make()
+    opts = StateDictOptions(full_state_dict=True)
+    state = {"model": get_model_state_dict(new, options=opts)}
+    dcp.load(state, checkpoint_id=folder)
+    SET
+    opt = torch.optim.SGD(new.parameters(), lr=0.1)
+    loss = new(torch.randn(4, 8)).sum(); opt.zero_grad(); loss.backward(); opt.step()
+    dist.barrier()
+    if dist.get_rank() == 0:
+        shutil.rmtree(folder, ignore_errors=True)
+    dist.destroy_process_group()
+
+
+main()
+'''
+
+EMA = '''
+import copy, os, tempfile
+import torch, torch.distributed as dist, torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+dist.init_process_group("gloo")
+torch.manual_seed(0)
+model = DDP(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2)))
+ema = copy.deepcopy(model.module)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for _ in range(2):
+    loss = model(torch.randn(4, 8)).sum(); opt.zero_grad(); loss.backward(); opt.step()
+    with torch.no_grad():
+        for e, p in zip(ema.parameters(), model.module.parameters()):
+            e.mul_(0.9).add_(p, alpha=0.1)
+if dist.get_rank() == 0:
+    with tempfile.TemporaryDirectory() as folder:
+        torch.save({"ema": ema.state_dict(), "model": model.module.state_dict()},
+                   os.path.join(folder, "ckpt.pt"))
+dist.barrier()
+dist.destroy_process_group()
+'''
+
+
+def watch_text(tmp_path, text):
+    from ddp_lab.doctor.watch.script_mode import watch_script
+
+    path = tmp_path / "train.py"
+    path.write_text(text)
+    return watch_script(str(path), nproc=2, timeout=90, checks=["checkpoints"])
+
+
+@pytest.mark.slow
+def test_fsdp2_dcp_full_state_load_needs_set_model_state_dict(tmp_path):
+    forgot = watch_text(tmp_path, FSDP2_DCP.replace("    SET\n", ""))
+    f = next(f for f in forgot.findings if f.code == "dcp-load-into-copy")
+    assert f.severity == "error" and f.where.startswith("train.py:") and "dcp.load(state" in f.where
+    fixed = watch_text(tmp_path, FSDP2_DCP.replace(
+        "SET", 'set_model_state_dict(new, state["model"], options=opts)'))
+    assert fixed.status == "ok" and not fixed.findings, [f.code for f in fixed.findings]
+
+
+@pytest.mark.slow
+def test_an_ema_copy_saved_beside_the_model_is_no_finding(tmp_path):
+    rep = watch_text(tmp_path, EMA)  # same keys, other values: a copy, not the model's state
+    assert rep.status == "ok" and not rep.findings, [(f.code, f.evidence) for f in rep.findings]
+    assert not [n for n in rep.notes if "hook failed" in n], rep.notes
