@@ -20,6 +20,12 @@ from . import Check
 
 LESSON = "15"
 HOOKS = "backwards hooks"  # dynamo's reason for a module-level backward hook (distributed.py:174)
+# a hook on the parameter runs when its gradient is accumulated, outside the compiled graph
+# (corpus case 10's fix); a tensor hook registered in forward is traced, and its side effects
+# (an attribute write) fail under fullgraph ("HOP: Unsafe side effect")
+HOOK_FIX = ("a module-level backward hook cannot be traced without compiled autograd: hook the "
+            "parameters instead (p.register_post_accumulate_grad_hook, which runs outside the "
+            "graph), or set torch._dynamo.config.compiled_autograd = True (PyTorch's hint)")
 
 
 def judge(ev) -> list[Finding]:
@@ -75,9 +81,7 @@ def _failed(ev) -> Finding:
 
 def _fullgraph_fix(message: str, sites: list) -> str:
     if sites:
-        return ("a module-level backward hook cannot be traced without compiled autograd: drop "
-                "the hook when compiling, put a tensor hook (out.register_hook) inside forward "
-                "instead, or compile with fullgraph=False (the module then runs in pieces)")
+        return HOOK_FIX + ", or compile with fullgraph=False (the module then runs uncompiled)"
     if "item()" in message or "data-dependent" in message.lower():
         return ("keep the value a tensor: torch.where / torch.clamp instead of a Python branch "
                 "on .item() or a tensor's truth value; or torch.cond for real control flow")
@@ -103,6 +107,7 @@ def _breaks(ev) -> list[Finding]:
                  for s in sites]
     fix = ("keep side effects (attribute writes, logging, counters) out of checkpointed functions: "
            "do them in forward, outside the checkpoint" if side else
+           HOOK_FIX + "; until then the hooked module runs uncompiled" if sites else
            "make that line traceable (no print, .item(), data-dependent Python branch or "
            "untraceable call inside forward), or move it out of forward")
     return [Finding("warning", "graph-break-in-module", LESSON,

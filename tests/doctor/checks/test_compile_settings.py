@@ -58,6 +58,17 @@ def test_fullgraph_and_a_module_backward_hook_is_an_error_at_the_registration():
     assert any(e.startswith("PyTorch's hint:") and "compiled_autograd" in e for e in f.evidence)
 
 
+def test_without_fullgraph_the_hook_is_a_graph_break_named_at_its_registration():
+    folder = CORPUS / "10_fullgraph_backward_hook"
+    model, _ = load_target(f"{folder / 'broken.py'}:Net")
+    report = doctor(model, torch.randn(4, 16), compile=True, timeout=60)
+    [f] = [f for f in report.warnings if f.code == "graph-break-in-module"]
+    line = next(i for i, ln in enumerate((folder / "broken.py").read_text().splitlines(), 1)
+                if "self.register_full_backward_hook(log_grad)" in ln)
+    assert f.where == f"broken.py:{line}: self.register_full_backward_hook(log_grad)", f.where
+    assert "register_post_accumulate_grad_hook" in f.fix
+
+
 def test_a_hook_on_the_weight_instead_compiles_in_one_graph():
     report, _, _ = run_case("10_fullgraph_backward_hook", "fixed")
     assert ours(report) == [], [f.code for f in ours(report)]
