@@ -6,6 +6,10 @@ Rank side (all without a collective: the training group is the user's):
   model (its keys, maybe under "model"/"state_dict"/..., maybe with a prefix such as DDP's
   "module." or torch.compile's "_orig_mod."), the file is loaded back (torch.load, weights_only
   as torch.load's default) into a copy of the plain module: PyTorch's own load_state_dict message.
+  A file whose only fault is a wrapper's prefix (it loads once the prefix is off) is a warning:
+  the same wrapper resumes from it; shards (FSDP2's model.state_dict()) are an error.
+- nn.Module.load_state_dict(strict=False) called from the script that matches none of the
+  module's keys: nothing loaded, nothing said.
 - dcp.save: this rank's plain tensors (not DTensors) are read back from the files with
   dcp.load(no_dist=True) and compared with what the rank passed. DCP's planner keeps one copy
   of a key that several ranks save (torch/distributed/checkpoint/_dedup_save_plans.py:42-55,
@@ -20,6 +24,7 @@ Rank side (all without a collective: the training group is the user's):
 from __future__ import annotations
 
 import os
+import sys
 
 from . import Check
 from ._checkpoints_dcp import attach_dcp
@@ -109,7 +114,7 @@ def attach(ctx) -> None:
 
     def module_load_state_dict(self, state_dict, *args, **kwargs):
         out = load_state_dict(self, state_dict, *args, **kwargs)
-        if not ctx.checking:
+        if not ctx.checking and ctx.is_user_file(sys._getframe(1).f_code.co_filename):
             strict = kwargs.get("strict", args[0] if args else True)
             ctx.guard(loaded_nothing)(ctx, self, state_dict, out, strict)
         return out
@@ -141,4 +146,7 @@ CHECK = Check(
     attach=attach, judge=judge, tools=("watch",),
     tests="tests/doctor/checks/test_checkpoints.py",
     notes=("dcp.async_save is not checked", "a torch.save to a buffer (not a path) is not reloaded",
-           "values are compared, not reloaded, for FSDP2's full state dicts"))
+           "a torch.save line is reloaded its first 2 times only",
+           "a saved state whose tensors are not the model's own (an EMA, a snapshot) is reloaded, "
+           "its values are not compared with the model's",
+           "load_state_dict(strict=False) is judged only when the script calls it itself"))
