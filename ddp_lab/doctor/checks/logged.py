@@ -442,8 +442,9 @@ def _fraction_formulas(ev, out):
         for e in rec.get("logged.reduce", []):
             groups.setdefault(e["i"], {})[r] = e
     for g in groups.values():
-        if len(g) != ev.world_size or any(len(e["before"]) != 1 or "SUM" not in e["op"].upper()
-                                          for e in g.values()):
+        if len(g) != ev.world_size or any(  # str(ReduceOp.SUM) is "RedOpType.SUM"
+                len(e["before"]) != 1 or e["op"].upper().rsplit(".", 1)[-1] not in ("SUM", "AVG")
+                for e in g.values()):
             continue
         b = [g[r]["before"][0] for r in range(ev.world_size)]
         n = [g[r]["rows"] for r in range(ev.world_size)]
@@ -541,4 +542,6 @@ CHECK = Check(
     tests="tests/doctor/checks/test_logged.py",
     notes=("a number logged after Python arithmetic on another line (x = loss.item(); "
            "print(x / n)) is not seen: only conversions on the logging line are compared",
-           "a step with two losses for one backward, or a sum reduction, is not judged"))
+           "a step with two losses for one backward, or a sum reduction, is not judged",
+           "a value aggregated over several steps (an epoch's mean) is not compared: only a "
+           "step's value, an evaluation's, and a metric all_reduced once"))

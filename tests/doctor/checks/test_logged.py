@@ -254,3 +254,21 @@ def test_counts_are_what_the_mean_reduction_divides_by():
     probs = torch.softmax(torch.randn(5, 3), dim=1)
     assert logged._count("cross_entropy", {"input": x, "target": probs}) == 5.0
     assert logged._count("mse_loss", {"input": torch.randn(4, 1), "target": torch.randn(4, 3)}) == 12.0
+
+
+def test_fractions_of_different_sample_counts_averaged_unweighted():
+    def reduce_(before, rows, op):
+        return {"s": 2, "i": 1, "op": op, "before": [before], "after": None, "rows": rows,
+                "line": ""}
+    for op in ("RedOpType.SUM", "RedOpType.AVG"):
+        ranks = [{"logged.reduce": [reduce_(0.8, 20, op)], "logged.value": [value(2, 75.0)]},
+                 {"logged.reduce": [reduce_(0.7, 10, op)], "logged.value": []}]
+        found = judged(ranks)  # 75.0: the unweighted mean, as a percentage
+        assert [(f.code, f.severity) for f in found] == [("logged-value-not-global", "warning")]
+        ranks[0]["logged.value"] = [value(2, (16 + 7) / 30)]
+        assert judged(ranks) == []
+    # fractions that are no count over the rows seen (0.123 x 20 is no integer): not a metric
+    ranks = [{"logged.reduce": [reduce_(0.123, 20, "RedOpType.SUM")],
+              "logged.value": [value(2, (0.123 + 0.7) / 2)]},
+             {"logged.reduce": [reduce_(0.7, 10, "RedOpType.SUM")], "logged.value": []}]
+    assert judged(ranks) == []
