@@ -63,9 +63,13 @@ def check_dcp_save(ctx, load, state_dict, kwargs) -> None:
     probe = probe_of(passed)
     if not probe:
         return
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        load(probe, no_dist=True, **where)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            load(probe, no_dist=True, **where)
+    except Exception as exc:  # noqa: BLE001 - e.g. another node's files on its own disk
+        ctx.add("dcp-unread", {"where": ctx.user_line(), "why": f"{type(exc).__name__}: {exc}"[:300]})
+        return
     mine, read = flat_plain(passed), flat_plain(probe)
     lost = []
     for k, v in mine.items():
