@@ -7,9 +7,9 @@ and compared value by value with what was saved.
 - tensor parallel and FSDP2 (`dcp_round_trip`, on each rank of their launch):
   `torch.distributed.checkpoint.save` of `model.state_dict()`, then `dcp.load(sd)` into the
   fresh module's own `state_dict()`: DCP loads IN PLACE, into the tensors that state dict holds
-  (state_dict_loader.py:88-95 in torch 2.13), so a tensor that is a copy of a parameter gets the
-  values and the parameter does not. `model.load_state_dict(sd)` is then called as DCP's own
-  docstring asks (state_dict_loader.py:94-95), and compared again.
+  (torch/distributed/checkpoint/filesystem.py:914 copy_s into them in torch 2.13), so a tensor
+  that is a copy of a parameter gets the values and the parameter does not. `model.load_state_dict(sd)` is then called as DCP's own
+  docstring asks (state_dict_loader.py:94-96), and compared again.
 
 What does not come back is a finding ("checkpoint-round-trip-lost") naming the tensors, by how
 much, and why: a plain (non-DTensor) tensor whose value differs between ranks, which DCP's save

@@ -14,7 +14,7 @@ DEDUP = ("{names}: plain tensors (not DTensors) whose values differ between rank
          "one rank's copy (_dedup_save_plans.py:42-55, from default_planner.py:141), so every "
          "rank loads that one's values")
 IN_PLACE = ("dcp.load fills the tensors of the state dict you pass, in place "
-            "(torch/distributed/checkpoint/state_dict_loader.py:88-95); {names} come from a "
+            "(torch/distributed/checkpoint/filesystem.py:914: copy_ into them); {names} come from a "
             "state-dict hook that returns copies, so the parameters keep the fresh module's "
             "values; only model.load_state_dict(state_dict) after dcp.load restores them")
 OUTSIDE = ("{names}: not in the state dict (a buffer registered with persistent=False): no "
