@@ -239,7 +239,7 @@ def _logged_how(frame, conversion):
     scale = 1.0
     while node in parents:
         up = parents[node]
-        if isinstance(up, ast.Call) and _name(up) in LOGGERS:
+        if isinstance(up, ast.Call) and _name(up) in LOGGERS and not _maths(up):
             return kind, scale
         if isinstance(up, ast.BinOp) and kind == "value":
             if isinstance(up.op, ast.Mod) and isinstance(up.left, ast.Constant):
@@ -275,6 +275,13 @@ def _tree(filename):
                 nodes[(up.lineno, up.end_lineno, up.col_offset, up.end_col_offset)] = up
         _TREES[filename] = (nodes, parents)
     return _TREES[filename]
+
+
+def _maths(call):
+    """math.log(x.item()) and its kin: a function named like a logger that is not one."""
+    f = call.func
+    return isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id in (
+        "math", "cmath", "np", "numpy", "torch", "scipy")
 
 
 def _name(call):
