@@ -19,6 +19,7 @@ it (in-place ops, F.batch_norm's running stats) or the DDP(...) that turned the 
 from __future__ import annotations
 
 import sys
+import time
 import zlib
 
 from ..report import Finding
@@ -75,6 +76,36 @@ def comparable(watched) -> list[tuple]:
     return out
 
 
+def outside(ctx, models, optimizers) -> dict:
+    """Parameters an optimizer steps that no wrapped model holds (a module left out of
+    fully_shard or DDP, a learnable loss weight): nothing reduces their gradients. Named as the
+    script's own modules name them (its frames' local nn.Modules), else by optimizer position."""
+    if not models:
+        return {}
+    inside = {id(p) for _, w, _, _, _ in models for p in w.module.parameters()}
+    found = [(f"optimizer{k} group {g} #{i} {tuple(p.shape)}", p) for k, opt in enumerate(optimizers)
+             for g, group in enumerate(opt.param_groups) for i, p in enumerate(group["params"])
+             if id(p) not in inside and not _sharded(p)]
+    if not found:
+        return {}
+    names = _script_names(ctx)
+    return {f"{names.get(id(p), fallback)} (in no wrapped model)": p for fallback, p in found}
+
+
+def _script_names(ctx) -> dict:
+    import torch
+
+    names, frame = {}, sys._getframe(1)
+    while frame is not None:
+        if ctx.is_user_file(frame.f_code.co_filename):
+            for value in list(frame.f_locals.values()):
+                if isinstance(value, torch.nn.Module):
+                    for n, p in value.named_parameters():
+                        names.setdefault(id(p), n)
+        frame = frame.f_back
+    return names
+
+
 class _Rank:
     """What one rank keeps: the watched tensors by id and storage, the edits made to them
     outside the optimizer (per user line), and whether an optimizer is stepping."""
@@ -86,6 +117,8 @@ class _Rank:
         self.ptrs: dict[int, tuple] = {}
         self.edits: dict[str, dict] = {}
         self.dirty = False
+        self.cost = 0.0  # seconds spent hashing (the README's cost figure)
+        self.optimizers: list = []
 
     def refresh(self) -> None:
         self.ids.clear()
@@ -99,23 +132,29 @@ class _Rank:
                     self._remember(t, (kind, prefix + n))
 
     def _remember(self, t, entry) -> None:
-        self.ids[id(t)] = entry
+        self.ids[id(t)] = (entry, t)  # the tensor kept: its id is not reused while we look
         if not hasattr(t, "_local_tensor"):
             try:
                 ptr = t.data_ptr()
             except (RuntimeError, AttributeError):
                 return
             if ptr:
-                self.ptrs[ptr] = entry
+                self.ptrs[ptr] = (entry, t)
 
     def lookup(self, t):
+        """The (kind, name) of a watched tensor: `t` itself, or a view of its storage (`.data`)
+        while the tensor still lives there."""
         found = self.ids.get(id(t))
-        if found is None and not hasattr(t, "_local_tensor") and hasattr(t, "data_ptr"):
-            try:
-                found = self.ptrs.get(t.data_ptr())
-            except RuntimeError:
-                return None
-        return found
+        if found is not None and found[1] is t:
+            return found[0]
+        if hasattr(t, "_local_tensor") or not hasattr(t, "data_ptr"):
+            return None
+        try:
+            ptr = t.data_ptr()
+            found = self.ptrs.get(ptr)
+            return found[0] if found is not None and found[1].data_ptr() == ptr else None
+        except RuntimeError:
+            return None
 
     def wrote(self, t, frame) -> None:
         entry = self.lookup(t)
@@ -183,6 +222,8 @@ def attach(ctx) -> None:
 
     def opt_begins(opt, args, kwargs):
         rank.in_optimizer = True
+        if not any(o is opt for o in rank.optimizers):
+            rank.optimizers.append(opt)
 
     def opt_ends(opt, args, kwargs):
         rank.in_optimizer = False
@@ -204,6 +245,7 @@ def _step_end(ctx, rank) -> None:
     rank.in_optimizer = False
     step = ctx.step
     if due(step):
+        began = time.perf_counter()
         rank.refresh()
         models = comparable(ctx.models)
         row = {"step": step, "parameter": {}, "buffer": {}, "sharded": 0}
@@ -212,7 +254,10 @@ def _step_end(ctx, rank) -> None:
             row["parameter"].update({prefix + n: digest(p) for n, p in params.items()})
             row["buffer"].update({prefix + n: digest(b) for n, b in buffers.items()})
             row["sharded"] += sharded
+        row["parameter"].update({n: digest(p) for n, p in outside(ctx, models, rank.optimizers).items()})
         ctx.add("state", row)
+        rank.cost += time.perf_counter() - began
+        ctx.emit("state-cost", {"steps_hashed": len(ctx.records.get("state", [])), "seconds": rank.cost})
     rank.flush()
 
 
@@ -292,6 +337,10 @@ def _parameters(ev, step, differ, states) -> Finding:
         ev_lines.append(f"{change['what']} after the model was wrapped ({change.get('wrapped_at', '')}): "
                         f"{where}")
         fix = "make the change before wrapping the model, or wrap it again afterwards"
+    if any(n.endswith("(in no wrapped model)") for n in differ):
+        ev_lines.append("the optimizer steps parameters that no DDP(...) or fully_shard'ed module holds: "
+                        "nothing reduces their gradients")
+        fix = "wrap the whole model (fully_shard the root too, or DDP around every trained module)"
     ev_lines.append("the ranks now train different models; a checkpoint saved by rank 0 holds rank 0's only")
     return Finding("error", "parameters-differ-after-step", "01",
                    f"{len(differ)} parameter(s) differ between ranks after step {step}",

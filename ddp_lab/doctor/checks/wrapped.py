@@ -46,7 +46,7 @@ class _Trees:
             self.changes = kept
             ctx.emit(CHANGES, [c for c, _ in kept])
         for name, m in w.module.named_modules():
-            self.modules[id(m)] = (name, w)
+            self.modules[id(m)] = (name, w, m)  # the module kept: its id is not reused
         self.wrappers[id(w.wrapper)] = w
 
     def theirs(self) -> bool:
@@ -81,25 +81,30 @@ def attach(ctx) -> None:
 
     def parameter_set(module, name, param):
         found = trees.modules.get(id(module))
-        if found is None or param is None or module._parameters.get(name) is param or trees.theirs():
+        if param is None or module._parameters.get(name) is param or trees.theirs():
             return
-        prefix, w = found
+        prefix, w, _ = found
         what = "parameter replaced" if name in module._parameters else "parameter added"
         trees.record(what, [_qualified(prefix, name)], w, id(module))
 
     def module_set(module, name, sub):
         found = trees.modules.get(id(module))
-        if found is None or sub is None or module._modules.get(name) is sub:
+        if sub is None or module._modules.get(name) is sub:
             return
         names = [n for n, _ in sub.named_parameters()]
         if not names or trees.theirs():
             return
-        prefix, w = found
+        prefix, w, _ = found
         what = "module replaced" if module._modules.get(name) is not None else "module added"
         trees.record(what, [_qualified(_qualified(prefix, name), n) for n in names], w, id(sub))
 
-    register_module_parameter_registration_hook(ctx.guard(parameter_set))
-    register_module_module_registration_hook(ctx.guard(module_set))
+    def only_ours(fn):  # every module built anywhere registers: the cheap test first
+        guarded = ctx.guard(fn)
+        return lambda module, name, value: (guarded(module, name, value)
+                                             if id(module) in trees.modules else None)
+
+    register_module_parameter_registration_hook(only_ours(parameter_set))
+    register_module_module_registration_hook(only_ours(module_set))
     _wrap_apply(torch, ctx, trees)
 
 

@@ -126,3 +126,56 @@ def test_judge_needs_two_ranks_and_a_difference():
     other = dict(row, parameter={"w": "2"})
     found = judge(Evidence([{"state": [row]}, {"state": [other]}]))
     assert [(f.code, f.severity, f.where) for f in found] == [("parameters-differ-after-step", "error", "")]
+
+
+LEFT_OUT = """
+import torch, torch.distributed as dist, torch.nn as nn
+from torch.distributed.fsdp import fully_shard
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList([nn.Sequential(nn.Linear(8, 8), nn.ReLU()) for _ in range(2)])
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, x):
+        for b in self.blocks:
+            x = b(x)
+        return self.head(x)
+
+
+def main():
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    model = Net()
+    for block in model.blocks:
+        fully_shard(block)
+    {root}
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    gen = torch.Generator().manual_seed(rank)
+    for step in range(2):
+        x = torch.randn(16, 8, generator=gen)
+        loss = nn.functional.cross_entropy(model(x), torch.randint(0, 3, (16,), generator=gen))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    dist.destroy_process_group()
+
+
+main()
+"""
+
+
+@pytest.mark.parametrize("root, caught", [("pass", True), ("fully_shard(model)", False)])
+def test_fsdp2_module_left_out_is_named_by_the_optimizer_it_is_in(tmp_path, root, caught):
+    path = tmp_path / "train.py"
+    path.write_text(textwrap.dedent(LEFT_OUT.format(root=root)))
+    report = run(str(path), checks=("state",))
+    hits = [f for f in report.findings if f.code == "parameters-differ-after-step"]
+    if not caught:  # the root shards the head: nothing outside a wrapped model
+        assert hits == [] and report.status == "ok"
+        return
+    assert hits and hits[0].severity == "error"
+    assert hits[0].evidence[0].startswith("head.weight (in no wrapped model): rank 0 ")
