@@ -69,6 +69,8 @@ def attach(ctx):
     depth = threading.local()
 
     def record(op, args, kwargs, frame):
+        if len(ctx.records.get(KEY, ())) >= 500:
+            return  # ctx keeps the first 500 of a key
         group = kwargs.get("group")
         if group is not None and group is not getattr(c10d.GroupMember, "WORLD", None):
             return  # a subgroup's collectives are compared only by the flight recorder
@@ -173,7 +175,23 @@ def _flight_parting(ev):
     return parted
 
 
+def _own_errors(ev) -> set:
+    """Ranks whose script raised on its own (not a lost peer, not a collective's timeout)."""
+    return {r for r, rec in enumerate(ev.ranks) if isinstance(rec.get("error"), dict)
+            and not peer_gone(rec["error"].get("message", ""))
+            and not TIMED_OUT.search(rec["error"].get("message", ""))}
+
+
+def _only_raised(entries: dict, ev) -> bool:
+    """The ranks part only because some raised on their own and stopped calling (the raised
+    check's finding), not because they called something else."""
+    silent = {r for r, e in entries.items() if e is None}
+    return bool(silent) and silent <= _own_errors(ev)
+
+
 def _hung(ev) -> bool:
+    if _own_errors(ev):
+        return False  # the launcher stopped the others after a rank raised: not a hang
     if ev.run is not None and ev.run.status == "timeout":
         return True
     return any(r.get("hung") or TIMED_OUT.search((r.get("error") or {}).get("message", ""))
@@ -207,9 +225,14 @@ def judge(ev):
     hook = _hook_parting(calls)
     if hook is not None and flight is None and not _failed(ev):
         hook = None  # DDP's C++ collectives are not in the hook's record: it alone is no proof
+    if hook is not None and _only_raised(hook[1], ev):
+        hook = None
+    if flight is not None and _only_raised(flight.entries, ev):
+        flight = None
     positions = {r: _position(ev, r, folder) for r in range(len(ev.ranks))}
     entries = hook[1] if hook else {r: None for r in positions}
-    left = _left_loop(ev, entries, positions) if (flight or hook or _failed(ev)) else None
+    parted = flight or hook or (_failed(ev) and not _own_errors(ev))
+    left = _left_loop(ev, entries, positions) if parted else None
     if flight is None and hook is None and left is None:  # under torchrun: no flight recorder
         return [_hang(ev, positions)] if _hung(ev) else []
     where, cause, fix = left or _attribute(entries, positions, calls)

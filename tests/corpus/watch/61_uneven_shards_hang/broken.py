@@ -1,5 +1,5 @@
 """Train a small regressor with DDP on 2 CPU ranks, one epoch over 21 samples split between the ranks by hand.
-Bug: the hand split (ceil, then clamped) gives rank 0 11 samples and rank 1 10: 3 batches against 2, so rank 0's last backward waits for a rank that has left the loop.
+Bug: the hand split (ceil, then clamp) gives rank 0 11 samples, rank 1 10: 3 batches against 2.
 Modelled on https://github.com/mlcommons/storage/issues/455 and https://github.com/argonne-lcf/dlio_benchmark/pull/339."""
 import math
 from datetime import timedelta

@@ -1,5 +1,5 @@
 """Train a small classifier with BatchNorm under DDP on 2 CPU ranks, 2 epochs; rank 0 validates after each epoch.
-Bug: rank 0 validates through the DDP wrapper: its forward broadcasts the BatchNorm buffers, a collective rank 1 never enters.
+Bug: rank 0 validates through the DDP wrapper, whose forward broadcasts the BatchNorm buffers: rank 1 never joins.
 Modelled on https://discuss.pytorch.org/t/torch-distributed-barrier-hangs-in-ddp/114522/6 (as cited by https://haoxiangsnr.github.io/spiking-fullsubnet/reference/FAQ.html)."""
 from datetime import timedelta
 

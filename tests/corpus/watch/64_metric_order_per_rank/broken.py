@@ -1,5 +1,5 @@
 """Train a small regressor with DDP on 2 CPU ranks, 3 steps, then sum each evaluation metric over the ranks.
-Bug: the metrics are reduced in the order each rank first saw them (its own dict order), so the ranks' all_reduces pair different tensors.
+Bug: each rank all_reduces its metrics in its own dict order, so the ranks pair different tensors.
 Modelled on https://github.com/EvolvingLMMs-Lab/lmms-eval/pull/1089 and https://github.com/Lightning-AI/torchmetrics/issues/159."""
 from datetime import timedelta
 

@@ -1,5 +1,5 @@
 """Train a small regressor with DDP on 2 CPU ranks, 3 steps, then sum each evaluation metric over the ranks.
-Fix: the metrics are reduced in one order on every rank (sorted by name), so each all_reduce pairs the same metric.
+Fix: every rank reduces the metrics in one order (sorted by name): each all_reduce pairs the same metric.
 Modelled on https://github.com/EvolvingLMMs-Lab/lmms-eval/pull/1089 and https://github.com/Lightning-AI/torchmetrics/issues/159."""
 from datetime import timedelta
 
