@@ -469,22 +469,48 @@ def _fraction_formulas(ev, out):
             out[r].setdefault(g[r]["s"], []).extend(found)
 
 
-def _verdicts(ev, formulas):
+def _window(micro, first, last):
+    """Each rank's micro-batches over steps first..last as one step, or None when the window is
+    one step or holds a step not read on some rank."""
+    steps = range(max(first, 0), last + 1)
+    if len(steps) < 2 or not all(s in m for m in micro for s in steps):
+        return None
+    return [{0: [x for s in steps for x in m[s]]} for m in micro]
+
+
+def _windows(micro, first, last, cache):
+    """The formulas of the steps since a line last logged (an epoch's mean), by rank."""
+    if (first, last) not in cache:
+        per, out = _window(micro, first, last), {q: {} for q in range(len(micro))}
+        if per:
+            _formulas(per, out, False)
+        cache[first, last] = {q: out[q].get(0, []) for q in out}
+    return cache[first, last]
+
+
+def _verdicts(ev, formulas, micro=()):
     """{line: [(kind, reason, rank, step, value, formula value, text, true)]}: each logged
     number against the formulas of its step and the step before (a loss printed after
-    optimizer.step() is recorded in the next step). A line that logs several times in a step
-    logs micro-batches, knowingly: the step-level "last" and "1/k" formulas are not its."""
+    optimizer.step() is recorded in the next step), and of the steps since the line last
+    logged. A line that logs several times in a step logs micro-batches, knowingly: the
+    step-level "last" and "1/k" formulas are not its."""
     lines, per_step = {}, {}
     for r, rec in enumerate(ev.ranks):
         for e in rec.get("logged.value", []):
             per_step[r, e["line"], e["s"]] = per_step.get((r, e["line"], e["s"]), 0) + 1
     micro_lines = {line for (_, line, _), n in per_step.items() if n > 1}
+    cache = {}
     for r, rec in enumerate(ev.ranks):
+        before = {}
         for e in rec.get("logged.value", []):
             cands = []
             for s in (e["s"], e["s"] - 1):
                 cands += [f + (s,) for f in formulas.get(r, {}).get(s, [])
                           if e["line"] not in micro_lines or f[2] not in ("last", "accumulation")]
+            p, before[e["line"]] = before.get(e["line"], -1), e["s"]
+            if micro and e["line"] not in micro_lines:
+                for first, last in ((p, e["s"] - 1), (p + 1, e["s"])):  # after / inside a step
+                    cands += [f + (last,) for f in _windows(micro, first, last, cache)[r]]
             for v in e["v"]:
                 hit = [c for c in cands if _close(v, c[0]) or (
                     c[2] in ("fraction", "") and _close(v / 100, c[0]))]
@@ -500,12 +526,13 @@ def judge(ev):
     formulas = {r: {} for r in range(len(ev.ranks))}
     if ev.ranks:
         train = [_complete(r.get("logged.train", [])) for r in ev.ranks]
-        _formulas([_micro(t) for t in train], formulas)
+        micro = [_micro(t) for t in train]
+        _formulas(micro, formulas)
         _formulas([_evals(t) for t in train], formulas, False)
     _norm_formulas(ev, formulas)
     _fraction_formulas(ev, formulas)
     found = []
-    for line, seen in _verdicts(ev, formulas).items():
+    for line, seen in _verdicts(ev, formulas, micro if ev.ranks else ()).items():
         kinds = {k for k, *_ in seen}
         if "true" in kinds:
             continue  # the line logs the true value at some step: a match elsewhere is chance
@@ -552,5 +579,5 @@ CHECK = Check(
     notes=("a number logged after Python arithmetic on another line (x = loss.item(); "
            "print(x / n)) is not seen: only conversions on the logging line are compared",
            "a step with two losses for one backward, or a sum reduction, is not judged",
-           "a value aggregated over several steps (an epoch's mean) is not compared: only a "
-           "step's value, an evaluation's, and a metric all_reduced once"))
+           "a value aggregated over several steps is compared with the steps since its line "
+           "last logged (an epoch's mean); a running mean over a sliding window is not"))

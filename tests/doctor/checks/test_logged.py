@@ -272,3 +272,27 @@ def test_fractions_of_different_sample_counts_averaged_unweighted():
               "logged.value": [value(2, (0.123 + 0.7) / 2)]},
              {"logged.reduce": [reduce_(0.7, 10, "RedOpType.SUM")], "logged.value": []}]
     assert judged(ranks) == []
+
+
+def test_an_epoch_mean_is_judged_over_the_steps_since_the_line_last_logged():
+    a = train(0, (1.0, 10)) + train(1, (2.0, 10)) + train(2, (1.0, 10)) + train(3, (2.0, 10))
+    b = train(0, (2.0, 30)) + train(1, (3.0, 30)) + train(2, (2.0, 30)) + train(3, (3.0, 30))
+    true = (10 + 20 + 60 + 90) / 80  # each two-step window; no single step's value
+    line = "train.py:20: print(f'epoch loss {total.item()}')"
+    for epoch_loss, findings in ((true, []), ((1.5 + 2.5) / 2, ["logged-value-not-global"])):
+        ranks = [{"logged.train": a, "logged.value": [value(2, epoch_loss, line),
+                                                      value(4, epoch_loss, line)]},
+                 {"logged.train": b, "logged.value": []}]
+        assert [f.code for f in judged(ranks)] == findings, epoch_loss
+        assert not any(_close_any(epoch_loss, f) for f in logged_steps(ranks))
+
+
+def logged_steps(ranks):
+    """Every step-level formula value: the epoch values above match none of them."""
+    out = {r: {} for r in range(len(ranks))}
+    logged._formulas([logged._micro(r["logged.train"]) for r in ranks], out)
+    return [f[0] for r in out.values() for fs in r.values() for f in fs if f[1] != "own"]
+
+
+def _close_any(v, f):
+    return abs(v - f) < 1e-6
