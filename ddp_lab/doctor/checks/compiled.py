@@ -31,6 +31,7 @@ reason, the user's traceback), captured by a handler of ours without printing an
 from __future__ import annotations
 
 import ast
+import functools
 import logging
 import os
 import re
@@ -144,10 +145,38 @@ def _compile(ctx, m, step: int, calls: dict) -> dict:
 
 
 def attach(ctx) -> None:
-    import torch._dynamo
-    from torch._dynamo import utils
+    """Hooks installed at the script's first torch.compile call (wrapped at its module attribute,
+    as nn.Module.compile also calls it): a script that never compiles does not import dynamo."""
+    import torch
 
-    seen, calls = {"last": None}, {}
+    state = {"last": None, "calls": {}, "undo": []}
+    compile_ = torch.compile
+
+    @functools.wraps(compile_)
+    def compile_seen(*args, **kwargs):
+        if not state["undo"]:
+            ctx.guard(_install)(ctx, state)
+        return compile_(*args, **kwargs)
+
+    torch.compile = compile_seen
+
+    def finish(c):
+        if torch.compile is compile_seen:
+            torch.compile = compile_
+        for undo in state["undo"]:
+            undo()
+        _flush(c, state, c.step)
+        if state["undo"]:
+            c.emit("compile-sites", _sites(c))
+
+    ctx.on_step_end(lambda c: _flush(c, state, c.step))
+    ctx.on_finish(finish)
+
+
+def _install(ctx, state) -> None:
+    import torch._dynamo
+
+    calls = state["calls"]
     # the user's line that called into the frame dynamo compiles: its start callback runs with
     # the caller's Python stack intact (convert_frame.py:1681, callback.py); the stack that
     # CompilationMetrics keeps skips the immediate caller of a compiled function
@@ -161,27 +190,30 @@ def attach(ctx) -> None:
         logger.propagate = False
     logger.addHandler(handler)
 
-    def flush(c, step):
-        metrics = utils.get_compilation_metrics()
-        last = seen["last"]
-        start = next((i + 1 for i in range(len(metrics) - 1, -1, -1) if metrics[i] is last), 0)
-        for m in metrics[start:]:
-            # AOT's own records carry no frame; the checks' own hooks are not the script's
-            if m.co_name and m.is_forward is not False and not _own(m.co_filename):
-                c.add("compiles", _compile(c, m, step, calls))
-        if metrics:
-            seen["last"] = metrics[-1]
-
-    def finish(c):
+    def undo():
         torch._dynamo.callback_handler.remove_start_callback(started)
         logger.removeHandler(handler)
         logger.setLevel(before[0])
         logger.propagate = before[1]
-        flush(c, c.step)
-        c.emit("compile-sites", _sites(c))
 
-    ctx.on_step_end(lambda c: flush(c, c.step))
-    ctx.on_finish(finish)
+    state["undo"].append(undo)
+
+
+def _flush(ctx, state, step: int) -> None:
+    """The frames dynamo compiled since the last call (CompilationMetrics, newest last)."""
+    if not state["undo"]:
+        return  # torch.compile never called: nothing compiled
+    from torch._dynamo import utils
+
+    metrics = utils.get_compilation_metrics()
+    last = state["last"]
+    start = next((i + 1 for i in range(len(metrics) - 1, -1, -1) if metrics[i] is last), 0)
+    for m in metrics[start:]:
+        # AOT's own records carry no frame; the checks' own hooks are not the script's
+        if m.co_name and m.is_forward is not False and not _own(m.co_filename):
+            ctx.add("compiles", _compile(ctx, m, step, state["calls"]))
+    if metrics:
+        state["last"] = metrics[-1]
 
 
 def _own(filename) -> bool:
