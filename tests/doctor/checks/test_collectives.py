@@ -130,3 +130,45 @@ def test_loop_exit_is_the_if_around_a_break_else_where_the_iterable_was_made(tmp
     assert line == 11 and "while" in how
     assert collectives.inside_loop([str(path), 6], [("loops.py", 6), ("loops.py", 9)])
     assert not collectives.inside_loop([str(path), 6], [("loops.py", 9), ("other.py", 6)])
+
+
+def _report_json(out: str) -> dict:
+    """Rank 0's --json report among the ranks' own prints."""
+    import json
+    import re
+
+    decoder = json.JSONDecoder()
+    for m in re.finditer(r"^\{", out, re.M):
+        try:
+            found, _ = decoder.raw_decode(out[m.start():])
+        except ValueError:
+            continue
+        if isinstance(found, dict) and "findings" in found:
+            return found
+    raise AssertionError(f"no report in the output:\n{out[-3000:]}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["60_early_stop_per_rank", "62_barrier_only_on_rank0"])
+def test_inside_torchrun_the_hook_and_the_ranks_positions_name_the_line(case):
+    """Under torchrun there is no flight recorder (ev.run is None): 62 is named from the hook's
+    records (rank 0 alone called barrier), 60 from where each rank stood (rank 0 returned, rank
+    1 still in the loop). --standalone: torchrun picks a free port (torch/distributed/run.py:990).
+    --timeout 40: the scripts hang for 5 s (their own gloo timeout); a slow start on a loaded
+    machine must not read as a hang of step 0."""
+    import subprocess
+    import sys
+
+    from ddp_lab.launching.rankinfo import RANK_VARIABLES, environ
+
+    path = os.path.join(CORPUS, case, "broken.py")
+    with environ({}, drop=RANK_VARIABLES):
+        done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                               "--nproc-per-node=2", "--max-restarts=0", "-m", "ddp_lab.watch",
+                               "--timeout", "40", "--json", path],
+                              capture_output=True, text=True, timeout=150)
+    report = _report_json(done.stdout)
+    hits = [f for f in report["findings"] if f["code"] == "collectives-differ-between-ranks"]
+    assert hits, [(f["code"], f["title"]) for f in report["findings"]]
+    assert hits[0]["where"].startswith(f"broken.py:{line_of(path, CASES[case])}: ")
+    assert done.returncode != 0
