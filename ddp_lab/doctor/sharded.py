@@ -36,8 +36,13 @@ def owners(model, units) -> dict:
 def watched_reads(model, units, batch, own: dict) -> list[tuple[str, str, str]]:
     """(parameter, owning unit, unit whose forward read it) for each read of a parameter
     while its own unit's forward was not running."""
+    import sys
+
     import torch
     from torch.overrides import TorchFunctionMode
+
+    from ..instruments.compilewatch import caller
+    from .compiled import OWN
 
     names = {id(m): n or "<root>" for n, m in model.named_modules()}
     pnames = {id(p): n for n, p in model.named_parameters()}
@@ -49,7 +54,8 @@ def watched_reads(model, units, batch, own: dict) -> list[tuple[str, str, str]]:
             for a in list(args) + list((kwargs or {}).values()):
                 if isinstance(a, torch.nn.Parameter) and id(a) in own:
                     if not set(own[id(a)]) & set(active):
-                        seen.add((pnames.get(id(a), "?"), own[id(a)][0], active[-1] if active else "-"))
+                        seen.add((pnames.get(id(a), "?"), own[id(a)][0], active[-1] if active else "-",
+                                  caller(sys._getframe(1), OWN)))
             return func(*args, **(kwargs or {}))
 
     def enter(module, args):
@@ -136,13 +142,16 @@ def probe(source, example, strategy: str, amp: str | None = None, folder: str = 
 
     rank = rank_info().rank
     torch.manual_seed(1000 + rank)
-    model = source.build()
+    with ParameterSites() as assigned:
+        model = source.build()
     units = plan(model)
     own = owners(model, units)
     pnames = {id(p): n for n, p in model.named_parameters(remove_duplicate=False)}
     batch = batch_for(example, rank)
     seen = _bf16_reference(model, batch) if (strategy, amp) == ("fsdp2", "bf16") else None
     found = {"shared": sorted((pnames[k], v) for k, v in own.items() if len(v) > 1),
+             "tied_at": {pnames[k]: assigned.sites[k][-1] for k, v in own.items()
+                         if len(v) > 1 and len(assigned.sites.get(k, [])) > 1},
              "reads": watched_reads(model, units, batch, own),
              "mixed": mixed_grad_units(model, units, own),
              "error": sharded_step(model, units, batch, strategy, amp, seen)}
@@ -186,8 +195,14 @@ def sharded_findings(source, example, strategy: str, world_size: int, timeout: f
     trips = [v.get("round_trip") for v in values]
     if len(values) == world_size and all(trips):
         from .checks.roundtrip import judge_records
-        return run, findings(values[0], strategy) + judge_records(trips, source, where)
-    return run, findings(values[0], strategy)
+        return run, findings(values[0], strategy, _ranges(source, where)) + judge_records(trips, source, where)
+    return run, findings(values[0], strategy, _ranges(source, where))
+
+
+def _ranges(source, where):
+    from .compiled import code_ranges
+
+    return code_ranges(source, where)
 
 
 FIX_TIE = ("keep the tie inside one unit (a child module that owns the weight and both uses "
@@ -200,7 +215,40 @@ FIX_DTYPE = ("FSDP2's MixedPrecisionPolicy casts parameters and each unit's floa
              "the activation's dtype (h.dtype)")
 
 
-def findings(v: dict, strategy: str) -> list[Finding]:
+class ParameterSites:
+    """Where each Parameter object is assigned to a module attribute while the module is built
+    (nn.Module.__setattr__, torch/nn/modules/module.py): a tie is the second assignment of one
+    Parameter, and that line is the user's."""
+
+    def __init__(self):
+        self.sites: dict[int, list[str]] = {}
+
+    def __enter__(self):
+        import sys
+
+        import torch
+
+        from ..instruments.compilewatch import caller
+        from .compiled import OWN
+
+        self._original = original = torch.nn.Module.__setattr__
+
+        def assigning(module, name, value):
+            if isinstance(value, torch.nn.Parameter):
+                self.sites.setdefault(id(value), []).append(caller(sys._getframe(1), OWN))
+            original(module, name, value)
+
+        torch.nn.Module.__setattr__ = assigning
+        return self
+
+    def __exit__(self, *exc):
+        import torch
+
+        torch.nn.Module.__setattr__ = self._original
+
+
+def findings(v: dict, strategy: str, where: dict | None = None) -> list[Finding]:
+    from .compiled import user_line
     from .precision import table_findings
 
     out = table_findings(v)
@@ -210,16 +258,19 @@ def findings(v: dict, strategy: str) -> list[Finding]:
         out.append(Finding("error", "weight-shared-across-units", "12",
                            "a parameter is registered in two FSDP2 units",
                            [f"{name}: units {', '.join(u)}" for name, u in v["shared"]] + error,
-                           fix=FIX_TIE))
+                           fix=FIX_TIE, where=next((user_line(v.get("tied_at", {})[n], where)
+                                                    for n, _ in v["shared"]
+                                                    if n in v.get("tied_at", {})), "")))
     if v["reads"]:
         severity = "error" if strategy == "fsdp2" else "info"
         out.append(Finding(severity, "read-outside-its-unit", "12",
                            "parameters read outside their own unit's forward",
-                           [f"{p} (unit {o}) read in the forward of {r}" for p, o, r in v["reads"]]
+                           [f"{p} (unit {o}) read in the forward of {r}" for p, o, r, _ in v["reads"]]
                            + (error if severity == "error" else
                               ["ZeRO-3 gathers it as an external parameter of the reader"]),
                            fix=FIX_TIE + "; in a training loop, read weight.full_tensor() "
-                               "(FSDP2) or inside deepspeed.zero.GatheredParameters (ZeRO-3)"))
+                               "(FSDP2) or inside deepspeed.zero.GatheredParameters (ZeRO-3)",
+                           where=next((user_line(at, where) for *_, at in v["reads"] if at), "")))
     if v["mixed"]:  # measured in lesson 12 (frozen_part_in_unit): nothing to fix under FSDP2
         out.append(Finding("info", "mixed-requires-grad", "12",
                            "frozen and trainable parameters share a unit",

@@ -28,6 +28,8 @@ STRATEGIES_OF = {
     "tp-run-failed": ("tp",),
     "tp-plan": ("tp",),
     "plan-leaves-weights-whole": ("tp",),
+    "tp-tie-broken": ("tp",),
+    "tp-needs-plan": ("tp",),
 }
 WHY_NOT = {  # code -> why the rule does not hold under another strategy
     "unused-parameters": "FSDP2 reduce-scatters only the parameters that received a gradient, "
