@@ -2,6 +2,7 @@
 `ddp-lab watch examples/scripts/train_fsdp2.py` runs it unchanged, with watch's checks attached.
 Each block is one fully_shard unit, the root another; the loss logged is the global mean."""
 import argparse
+import time
 
 import torch
 import torch.distributed as dist
@@ -35,6 +36,8 @@ def main():
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     torch.manual_seed(1 + rank)  # each rank draws its own batches
     for step in range(args.steps):
+        if step == 1:  # timed from the second step: the first builds (and compiles)
+            start = time.perf_counter()
         x = torch.randn(8, 8)
         loss = nn.functional.mse_loss(model(x), x[:, :1])
         opt.zero_grad()
@@ -46,6 +49,8 @@ def main():
             mean /= dist.get_world_size()  # gloo has no AVG: the sum over ranks, divided
         if rank == 0:
             print(f"step {step}: loss {mean.item():.4f}")
+    if rank == 0:
+        print(f"{args.steps - 1} steps in {time.perf_counter() - start:.3f} s")
     dist.destroy_process_group()
 
 

@@ -46,10 +46,12 @@ def test_fixed_step_has_no_finding(fixed):
     assert fixed.findings == [] and fixed.status == "ok", fixed.text()
 
 
-def test_1_state_differing_after_a_step_is_named(broken):
-    f = _one(broken, "buffers-differ-after-step")
-    assert "differ between ranks after step 0" in f.title
-    assert f.evidence[0].startswith("first: buffer input_mean")
+def test_1_a_buffer_ddp_overwrites_at_the_next_forward_is_not_flagged(broken):
+    # Net keeps a statistic of each rank's own batch in a buffer; DDP broadcasts rank 0's buffers
+    # at every forward (broadcast_buffers=True, nn/parallel/distributed.py:1781), so the ranks
+    # agree again at the next step: the shared state check flags it only with the broadcast off
+    # (tests/doctor/checks/test_state.py).
+    assert "buffers-differ-after-step" not in broken.codes()
 
 
 def _edits_a_weight_on_rank_0(model, batch, step, optimizer=None):
@@ -65,8 +67,10 @@ def _edits_a_weight_on_rank_0(model, batch, step, optimizer=None):
 def test_1_a_parameter_one_rank_edits_after_the_step_is_an_error():
     report = watch(_edits_a_weight_on_rank_0, ex.seeded_net, ex.batches, steps=2)
     f = _one(report, "parameters-differ-after-step")
-    assert f.severity == "error" and "after step 0" in f.title, report.text()
-    assert "out.weight" in f.evidence[0] and "optimizer's step" in f.fix
+    assert f.severity == "error" and "after step" in f.title, report.text()
+    assert "out.weight" in f.evidence[0] and "before DDP(...)" in f.fix
+    assert f.where.startswith("test_watch.py:")
+    assert f.where.endswith(": model.module.out.weight.clamp_(-0.01, 0.01)"), f.where
 
 
 def test_2_dropout_from_equal_generators_is_found(broken):
@@ -87,8 +91,7 @@ def test_2_weights_built_from_per_rank_seeds_are_found_under_fsdp2():
 def test_3_a_step_one_rank_skips_parts_the_collectives(fixed):
     skips = watch(ex.train_step_skips, ex.seeded_net, ex.batches, timeout=20)
     f = _one(skips, "collectives-differ-between-ranks")
-    assert f.evidence[0].startswith("step 1: rank 0 entered ")
-    assert f.evidence[0].endswith("rank 1 entered 0 collective(s)")
+    assert f.where.startswith("watch_train.py:") and " in step " in f.evidence[0], f.evidence
     assert "collectives-differ-between-ranks" not in fixed.codes()
 
 
@@ -126,11 +129,11 @@ def test_5_a_checkpoint_of_zero3_placeholders_does_not_reload(zero3):
     assert fixed.findings == [], fixed.text()
 
 
-def test_6_a_loss_logged_from_one_ranks_data_is_found(broken):
-    f = _one(broken, "logged-value-not-all-ranks")
-    assert f.evidence[0].startswith("rank 0 returns loss = ")
-    assert f.evidence[0].endswith("(its own rank's loss alone)")
-    assert f.evidence[-1].startswith("returned by train_step (watch_train.py:")
+def test_6_a_loss_returned_from_one_ranks_data_is_a_note_with_its_line(broken):
+    # What most training loops do, knowingly: a note, never a warning (issue 35).
+    f = _one(broken, "logged-value-one-rank")
+    assert f.severity == "info" and f.evidence[0].startswith("rank 0 logs ")
+    assert f.where.startswith("watch_train.py:") and "return" in f.where, f.where
 
 
 def test_an_evaluation_of_each_ranks_own_data_is_found(broken):
@@ -175,8 +178,9 @@ def test_a_returned_value_that_is_not_the_loss_and_a_checkpoint_of_parts_are_fin
 
 
 def test_cli_takes_the_step_the_model_and_the_strategy():
-    args = configure(argparse.ArgumentParser()).parse_args(
-        ["t.py:train_step", "--model", "t.py:Net", "--strategy", "zero3"])
+    parser = configure(argparse.ArgumentParser())
+    args = parser.parse_args(["t.py:train_step", "--model", "t.py:Net", "--strategy", "zero3"])
+    args = parser.parse_args([*args.script_args, args.target], namespace=args)  # as run() does
     assert (args.target, args.model, args.strategy, args.batches) == (
         "t.py:train_step", "t.py:Net", "zero3", "batches")
 
@@ -188,7 +192,7 @@ def test_cli_runs_the_readme_example(monkeypatch, capsys):
     code = main(["watch", "examples/watch_train.py:train_step", "--model",
                  "examples/watch_train.py:Net", "--save", "save", "--evaluate", "evaluate"])
     out = capsys.readouterr().out
-    assert code == 1 and "checkpoint-does-not-reload" in out and "dropout-masks-identical" in out
+    assert code == 0 and "checkpoint-does-not-reload" in out and "dropout-masks-identical" in out
     assert "evaluation-differs-between-ranks" in out
     assert main(["watch", "examples/watch_train.py:Net", "--model", "examples/watch_train.py:Net"]) == 2
     assert "train_step must take (model, batch, step)" in capsys.readouterr().err

@@ -25,11 +25,14 @@ __all__ = ["watch", "WatchInputError"]
 STRATEGIES = ("ddp", "fsdp2", "zero3")
 
 
-def watch(train_step: Callable, model: Callable, batches, *, strategy: str = "ddp",
+def watch(train_step, model: Callable | None = None, batches=None, *, strategy: str = "ddp",
           steps: int = 3, world_size: int = 2, save: Callable | None = None,
           evaluate: Callable | None = None, optimizer: Callable | None = None,
-          timeout: float = 60) -> Report:
-    """Run `train_step(model, batch, step)` on real ranks and check what it does across them.
+          timeout: float = 60, args=()) -> Report:
+    """Run `train_step(model, batch, step)` on real ranks and check what it does across them;
+    or, given a script's path (`watch("train.py", args=["--epochs", "1"])`), run the script
+    unchanged on `world_size` ranks as torchrun would, with every check attached
+    (script_mode.watch_script; the other arguments are the function API's).
 
     `model` is a zero-argument factory (or an nn.Module class) called on every rank;
     `batches(rank, step)` gives each rank's batch (a tensor, a tuple or a dict); `save(model,
@@ -41,17 +44,26 @@ def watch(train_step: Callable, model: Callable, batches, *, strategy: str = "dd
     """
     from ...launching.launcher import launch
 
+    if isinstance(train_step, (str, os.PathLike)):
+        from .script_mode import watch_script
+        return watch_script(os.fspath(train_step), args, nproc=world_size, timeout=timeout)
     _validate(train_step, model, batches, strategy, steps, world_size, save)
     if evaluate is not None:
         _fits(evaluate, "evaluate", ("model", "batch"))
     wants = "optimizer" in inspect.signature(train_step).parameters
     with tempfile.TemporaryDirectory(prefix="ddp-lab-watch-") as folder:
+        from functools import partial
+
+        from .context import read_records
         from .rank import body
-        run = launch(body, train_step, model, batches, strategy, steps, save=save, evaluate=evaluate,
+        records = os.path.join(folder, "rank{}.jsonl")
+        run = launch(partial(body, records=records), train_step, model, batches, strategy, steps,
+                     save=save, evaluate=evaluate,
                      path=os.path.join(folder, "checkpoint.pt"), make_optimizer=optimizer,
                      wants_optimizer=wants, world_size=world_size, timeout=timeout, grace=2.0,
                      label=f"watch {strategy}")
-    return _report(run, train_step, strategy, steps, world_size)
+        ranks = [read_records(records.format(r)) for r in range(world_size)]
+    return _report(run, ranks, train_step, strategy, steps, world_size)
 
 
 def _validate(train_step, model, batches, strategy, steps, world_size, save) -> None:
@@ -80,38 +92,44 @@ def _fits(fn, name: str, args: tuple[str, ...], optional: tuple[str, ...] = ()) 
                               f"{sig} does not ({exc})") from None
 
 
-def _report(run, train_step, strategy, steps, world_size) -> Report:
+def _report(run, ranks, train_step, strategy, steps, world_size) -> Report:
+    """The registry's checks (ddp_lab/doctor/checks, as for a script) and the function API's
+    own: random draws, sharded reads, the evaluation, ZeRO-3's reload."""
     from ..sync import records
     from . import checks
-    from .failures import failure_findings
+    from .context import Evidence
+    from .script_mode import build_report
 
     recs = [records(r.stdout) for r in run.ranks]
     _raise_input_error(run)
-    found = (checks.state_findings(recs) + checks.random_findings(recs, strategy)
-             + checks.read_findings(recs, strategy) + checks.logged_findings(recs)
-             + checks.reload_findings(recs[0] if recs else {}) + checks.evaluate_findings(recs)
-             + failure_findings(run, recs))
-    _name_the_function(found, "logged-value-not-all-ranks", train_step)
+    code = getattr(train_step, "__code__", None)
+    ev = Evidence(ranks, run=run, script=code.co_filename if code else "train_step",
+                  world_size=world_size)
+    shared = build_report(ev)
+    found = (shared.findings + checks.random_findings(recs, strategy)
+             + checks.read_findings(recs, strategy) + checks.evaluate_findings(recs)
+             + (checks.reload_findings(recs[0] if recs else {}) if strategy == "zero3" else []))
     seconds = [v["seconds"] for v in (r.value for r in run.ranks if r.ok) if v]
     name = getattr(train_step, "__qualname__", "train_step")
     notes = [f"{steps} step(s) of your {name} on {world_size} ranks under {strategy}"]
-    if recs and not any(s.get("losses") for r in recs for s in checks.steps_of(r)):
-        notes.append("the logged value was not checked: no backward ran inside train_step")
+    notes += [n for n in shared.notes[1:]]  # the shared checks' own notes (a check that failed)
+    _name_lines(found, train_step)
     report = Report(name, world_size, steps, None, found, status=run.status, run=run,
                     notes=notes, strategy=strategy, tool="watch")
     report.seconds_per_step = _per_step(seconds)
+    report.evidence = ev
     return report
 
 
-def _name_the_function(found, code: str, fn) -> None:
-    """The line of the user's function that returned the value, on its finding."""
-    from ..frames import short_file
+def _name_lines(found, train_step) -> None:
+    """Code that travelled to the ranks by value is named by its file and line again (this
+    process still has the functions: the notebook's cells, the loaded file)."""
+    from .context import code_files, restore_where
 
-    code_obj = getattr(fn, "__code__", None)
+    files = code_files(train_step)
     for f in found:
-        if f.code == code and code_obj is not None:
-            f.evidence.append(f"returned by {fn.__qualname__} "
-                                 f"({short_file(code_obj.co_filename)}:{code_obj.co_firstlineno})")
+        f.where = restore_where(f.where, files)
+        f.evidence = [restore_where(e, files) for e in f.evidence]
 
 
 def _per_step(seconds) -> dict:

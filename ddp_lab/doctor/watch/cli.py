@@ -43,7 +43,7 @@ def configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="seconds the ranks may run (script mode: from the start) before a hang is reported")
     p.add_argument("--json", action="store_true", help="the report as JSON")
     p.add_argument("--cost", action="store_true", help="also print seconds per step")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, parser=p)
     return p
 
 
@@ -93,10 +93,12 @@ def run_script(args) -> int:
 def run(args) -> int:
     if _is_script(args.target):
         return run_script(args)
-    if args.script_args:
-        print(f"ddp-lab watch: unexpected arguments {' '.join(args.script_args)} after "
-              f"{args.target} (a script's arguments follow a script, train.py)", file=sys.stderr)
-        return 2
+    if args.script_args:  # the function API's options, given after its step: parse them too
+        args = args.parser.parse_args([*args.script_args, args.target], namespace=args)
+        if args.script_args:
+            print(f"ddp-lab watch: unexpected arguments {' '.join(args.script_args)} after "
+                  f"{args.target} (a script's arguments follow a script, train.py)", file=sys.stderr)
+            return 2
     if not args.model:
         print("ddp-lab watch: a step function (path:NAME) needs --model path:Factory; to watch a "
               "whole script, give its path alone (train.py)", file=sys.stderr)

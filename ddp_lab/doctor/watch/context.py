@@ -39,9 +39,15 @@ class Watched:
 class Context:
     """One rank's view of the running script, for the checks' hooks (see checks/__init__.py)."""
 
-    def __init__(self, script: str, records_path: str | None = None):
+    def __init__(self, script: str, records_path: str | None = None, folders=(),
+                 dynamic: bool = False):
         self.script = os.path.abspath(script)
         self.folder = os.path.dirname(self.script)
+        # where the user's code lives: the script's folder (the function API: its functions')
+        self.folders = tuple(dict.fromkeys([self.folder, *map(os.path.abspath, folders)]))
+        # The function API's code travels to the ranks by value (cloudpickle names its file
+        # "<dynamic-code>"): it is the user's, named again in the parent (restore_where).
+        self.dynamic = dynamic
         self.rank = int(os.environ.get("RANK", "0"))
         self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
         self.step = 0
@@ -56,6 +62,7 @@ class Context:
         self._functions: dict[Any, list[Callable]] = {}
         self._local = threading.local()
         self._stepping_optimizer = None
+        self.steps_by_optimizer = True  # the function API ends a step when train_step returns
         self.group_started = False
         self.finished = False
         self._write({"step": 0, "begin": self.steps[0]["begin"]})
@@ -147,8 +154,10 @@ class Context:
 
     # --- where in the user's code ----------------------------------------------------------
     def is_user_file(self, filename: str) -> bool:
+        if filename.startswith("<dynamic-code"):
+            return self.dynamic
         name = os.path.abspath(filename)
-        if not name.startswith(self.folder + os.sep) and name != self.script:
+        if name != self.script and not any(name.startswith(f + os.sep) for f in self.folders):
             return False
         return not any(s in name for s in (os.sep + "site-packages" + os.sep, _HOME + os.sep))
 
@@ -158,6 +167,9 @@ class Context:
         while frame is not None:
             name = frame.f_code.co_filename
             if self.is_user_file(name):
+                if name.startswith("<dynamic-code"):  # named in the parent: restore_where
+                    code = frame.f_code
+                    return f"<dynamic-code:{getattr(code, 'co_qualname', code.co_name)}>", frame.f_lineno, ""
                 return name, frame.f_lineno, linecache.getline(name, frame.f_lineno).strip()
             frame = frame.f_back
         return None
@@ -169,10 +181,14 @@ class Context:
 
     # --- steps (called by the core) --------------------------------------------------------
     def step_ended(self, optimizer) -> None:
-        if self._stepping_optimizer is None:
-            self._stepping_optimizer = optimizer
-        if optimizer is not self._stepping_optimizer:
-            return  # a second optimizer (a GAN's) steps inside the same step
+        """An optimizer's step returned (None: the function API's train_step returned)."""
+        if optimizer is not None:
+            if not self.steps_by_optimizer:
+                return
+            if self._stepping_optimizer is None:
+                self._stepping_optimizer = optimizer
+            if optimizer is not self._stepping_optimizer:
+                return  # a second optimizer (a GAN's) steps inside the same step
         now = time.time()
         self.steps[-1]["end"] = now
         self._write({"step": self.step, "end": now})
@@ -208,7 +224,52 @@ def class_name(module) -> str:
 
 
 def describe(filename: str, lineno: int, text: str) -> str:
+    if filename.startswith("<dynamic-code"):
+        return f"{filename}:{lineno}: {text}"
     return f"{os.path.basename(filename)}:{lineno}: {text}"
+
+
+_DYNAMIC = __import__("re").compile(r"<dynamic-code:([^>]+)>:(\d+): ?")
+
+
+def code_files(*objects) -> dict[str, str]:
+    """{qualified name: file} of the user's functions and classes' methods: `objects` and every
+    function or class in their modules' globals (a notebook's cells, a loaded file)."""
+    import inspect
+
+    out: dict[str, str] = {}
+    seen = set()
+
+    def add(obj):
+        if id(obj) in seen:
+            return
+        seen.add(id(obj))
+        code = getattr(obj, "__code__", None)
+        if code is not None and not code.co_filename.startswith("<"):
+            out.setdefault(getattr(code, "co_qualname", code.co_name), code.co_filename)
+        if inspect.isclass(obj):
+            for value in vars(obj).values():
+                add(getattr(value, "__func__", value))
+    for obj in objects:
+        if obj is None:
+            continue
+        add(obj)
+        for value in list(getattr(obj, "__globals__", {}).values()):
+            if inspect.isfunction(value) or inspect.isclass(value):
+                add(value)
+    return out
+
+
+def restore_where(text: str, files: dict[str, str]) -> str:
+    """"<dynamic-code:train_step>:75: " -> "cell.py:75: loss = ..." where `files` knows it."""
+    def named(m):
+        path = files.get(m.group(1))
+        if path is None:
+            return f"{m.group(1)}, line {m.group(2)}: "
+        line = int(m.group(2))
+        from ..frames import short_file
+        return f"{short_file(path)}:{line}: {linecache.getline(path, line).strip()}"
+    return _DYNAMIC.sub(named, text)
 
 
 def read_records(path: str) -> dict:

@@ -125,30 +125,97 @@ def reload_check(factory, path: str, full: dict) -> dict:
     return {"ok": True}
 
 
+def _where_defined(*fns) -> list[str]:
+    """The folders of the files the user's functions come from (their code is the user's)."""
+    import os
+
+    out = []
+    for fn in fns:
+        code = getattr(fn, "__code__", None) or getattr(getattr(fn, "__init__", None), "__code__", None)
+        if code is not None and not code.co_filename.startswith("<"):
+            out.append(os.path.dirname(os.path.abspath(code.co_filename)))
+    return out
+
+
+def _returned_line(fn) -> str:
+    """"file.py:12: return loss.item()": the last return line of the user's function."""
+    import ast
+    import inspect
+    import linecache
+    import textwrap
+
+    from .context import describe
+
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return ""
+    if code.co_filename.startswith("<dynamic-code"):  # named again in the parent
+        return f"<dynamic-code:{getattr(code, 'co_qualname', code.co_name)}>:{code.co_firstlineno}: "
+    try:
+        lines, first = inspect.getsourcelines(fn)
+        tree = ast.parse(textwrap.dedent("".join(lines)))
+        returns = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Return)]
+        lineno = first + max(returns) - 1 if returns else code.co_firstlineno
+    except (OSError, TypeError, SyntaxError, ValueError):
+        lineno = code.co_firstlineno
+    return describe(code.co_filename, lineno, linecache.getline(code.co_filename, lineno).strip())
+
+
 def body(step_fn, factory, batches, strategy: str, steps: int, save=None, path: str = "",
-         make_optimizer=None, wants_optimizer: bool = False, evaluate=None) -> dict:
-    """The rank's whole run; what it returns is plain data."""
+         make_optimizer=None, wants_optimizer: bool = False, evaluate=None,
+         records: str = "") -> dict:
+    """The rank's whole run; what it returns is plain data. The registry's checks attach
+    here as they do to a script (script_mode): the same Context, the same hooks."""
+    import contextlib
+
     import torch
 
     from ...launching.rankinfo import device, rank_info
     from ..inputs import move
+    from .context import Context
+    from .script_mode import _attach_checks, _function_mode, _install_core, _record_error
 
+    code = getattr(step_fn, "__code__", None)
+    ctx = Context(code.co_filename if code else "train_step.py",
+                  records.format(rank_info().rank) if records else None,
+                  _where_defined(step_fn, factory, batches, save, evaluate), dynamic=True)
+    ctx.steps_by_optimizer = False  # a step is one call of train_step
+    _install_core(ctx)
+    _attach_checks(ctx, None)
+    ctx.emit("started", True)
+    ctx.group_started = True
+    ctx.emit("group", {"backend": torch.distributed.get_backend(), "line": ""})
+    returned_at = _returned_line(step_fn)
     rank, dev = rank_info().rank, device()  # cuda:LOCAL_RANK under NCCL, else the CPU
-    model = factory().to(dev)
-    emit("init", state_hashes(model, "ddp"))
-    make_optimizer = make_optimizer or (lambda params: torch.optim.SGD(params, lr=LR))
-    wrapped, opt = wrap(model, strategy, make_optimizer)
-    kwargs = {"optimizer": opt} if wants_optimizer else {}
-    seconds = []
-    for step in range(steps):
-        batch = move(batches(rank, step), dev)
-        rec = one_step(step_fn, wrapped, model, batch, step, kwargs, strategy)
-        seconds.append((rec["step_s"], rec["checks_s"]))
-    if evaluate is not None:
-        emit("evaluate", logged(evaluate(wrapped, move(batches(rank, steps), dev)), steps, "evaluate"))
-    if save is not None:
-        save(wrapped, path)
-        full = full_state(model, strategy)
-        if rank == 0:
-            emit("reload", reload_check(factory, path, full))
+    mode = _function_mode(ctx) or contextlib.nullcontext()
+    try:
+        with mode:
+            model = factory().to(dev)
+            emit("init", state_hashes(model, "ddp"))
+            make_optimizer = make_optimizer or (lambda params: torch.optim.SGD(params, lr=LR))
+            wrapped, opt = wrap(model, strategy, make_optimizer)
+            kwargs = {"optimizer": opt} if wants_optimizer else {}
+            seconds = []
+            for step in range(steps):
+                batch = move(batches(rank, step), dev)
+                rec = one_step(step_fn, wrapped, model, batch, step, kwargs, strategy)
+                seconds.append((rec["step_s"], rec["checks_s"]))
+                ctx.add("logged.value", {"s": ctx.step, "v": list(rec["logged"].values()),
+                                         "line": returned_at})  # what the step returns is logged
+                ctx.step_ended(None)
+            if evaluate is not None:
+                emit("evaluate", logged(evaluate(wrapped, move(batches(rank, steps), dev)), steps,
+                                        "evaluate"))
+            if save is not None:
+                save(wrapped, path)
+                if strategy == "zero3":  # the checkpoints check cannot gather ZeRO-3's parameters
+                    full = full_state(model, strategy)
+                    if rank == 0:
+                        emit("reload", reload_check(factory, path, full))
+    except BaseException as exc:
+        if not isinstance(exc, WatchInputError):
+            _record_error(ctx, exc)
+        raise
+    finally:
+        ctx.finish()
     return {"seconds": seconds}
