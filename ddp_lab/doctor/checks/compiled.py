@@ -113,15 +113,16 @@ def _guard(text: str) -> dict:
     """PyTorch's recompile reason: the guard (its value left out for grouping), the name it
     reads, where the compiled code reads it, and PyTorch's hint."""
     first = text.splitlines()[0] if text else ""
-    expr = re.sub(r"^\d+/\d+:\s*", "", first.split("  #")[0]).strip()
+    raw = re.sub(r"^\d+/\d+:\s*", "", first.split("  #")[0]).strip()
+    expr = re.sub(r"\b\d{9,}\b", "<id>", raw)  # ___check_obj_id / type ids: addresses
     name = re.findall(r"(?:\.(\w+)|\[['\"](\w+)['\"]\]|^(\w+))\s*==", expr)
     read = re.findall(r'File "(.+?)", line (\d+)', text)
     hint = re.search(r"\(HINT: (.+?)\)\s*$", first)
     group = re.sub(r"expected \d+, actual \d+", "expected N, actual N", expr)  # a shape guard
-    group = re.sub(r"\d{6,}", "N", re.sub(r"==\s*.+$", "== ...", group))  # object ids
+    group = re.sub(r"==\s*.+$", "== ...", group)
     return {"guard": expr[:300], "group": group[:300],
             "name": next((a or b or c for a, b, c in name[-1:]), ""),
-            "value": expr.split("==", 1)[1].strip()[:80] if "==" in expr else expr[:80],
+            "value": raw.split("==", 1)[1].strip()[:80] if "==" in raw else raw[:80],
             "shape": "size mismatch" in expr or "stride mismatch" in expr,
             "read": read[-1] if read else None, "hint": hint.group(1) if hint else ""}
 
@@ -314,7 +315,7 @@ def _fullgraph(ev) -> list[Finding]:
                       if c.get("fail", {}).get("at")), "") or err.get("line", "")
     ev_lines = [f"rank {rank}: PyTorch ({err['type']}): {_short(lines[0]) if lines else ''}"]
     if "DDP" not in why:  # for DDP's own break PyTorch's hints speak of code that is not the user's
-        ev_lines += [f"PyTorch's {h[0].lower()}{h[1:]}" for h in hints]
+        ev_lines += [_short(f"PyTorch's {h[0].lower()}{h[1:]}") for h in hints]
     if why:
         ev_lines.append(f"the cause: {why}")
     return [Finding(
