@@ -220,17 +220,26 @@ def attach(ctx) -> None:
         if func == setter and len(args) > 1 and rank.lookup(args[0]) is not None:
             rank._remember(args[0], rank.lookup(args[0]))  # its new storage
 
+    funcs = _edit_functions()
+    table = getattr(ctx, "_functions", None)  # the core's {func: handlers}
+
+    def mute(quiet: bool) -> None:
+        """Out of the core's table while an optimizer steps: a for-loop optimizer (CPU) makes
+        a few in-place ops per parameter, each of which would reach `seen` only to be ignored."""
+        rank.in_optimizer = quiet
+        for f in funcs if isinstance(table, dict) else ():
+            handlers = table.get(f)
+            if handlers is not None and quiet == (seen in handlers):
+                handlers.remove(seen) if quiet else handlers.append(seen)
+
     def opt_begins(opt, args, kwargs):
-        rank.in_optimizer = True
+        mute(True)
         if not any(o is opt for o in rank.optimizers):
             rank.optimizers.append(opt)
 
-    def opt_ends(opt, args, kwargs):
-        rank.in_optimizer = False
-
     register_optimizer_step_pre_hook(opt_begins)
-    register_optimizer_step_post_hook(opt_ends)  # after the core's, which ends the step
-    ctx.on_torch_function(_edit_functions(), seen)
+    register_optimizer_step_post_hook(lambda opt, args, kwargs: mute(False))  # after the core's
+    ctx.on_torch_function(funcs, seen)
     ctx.on_model(lambda c, w: (rank.refresh(), c.add("state-models", _model_row(w))))
     ctx.on_step_end(lambda c: _step_end(c, rank))
     ctx.on_finish(lambda c: rank.flush())
