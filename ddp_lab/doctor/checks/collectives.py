@@ -27,6 +27,7 @@ import threading
 from ...launching.frames import FRAME
 from ...launching.results import peer_gone
 from ..report import Finding
+from ..watch.context import KEEP
 from . import Check
 
 KEY = "collective-calls"
@@ -69,19 +70,21 @@ def attach(ctx):
     depth = threading.local()
 
     def record(op, args, kwargs, frame):
-        if len(ctx.records.get(KEY, ())) >= 500:
-            return  # ctx keeps the first 500 of a key
         group = kwargs.get("group")
         if group is not None and group is not getattr(c10d.GroupMember, "WORLD", None):
             return  # a subgroup's collectives are compared only by the flight recorder
         ctx.add(KEY, {"op": op.lstrip("_"), "step": ctx.step, "line": ctx.user_line(frame),
                       "shape": _shape(args), "stack": _frames(ctx, frame)})
 
+    guarded = ctx.guard(record)
+    kept = ctx.records.setdefault(KEY, [])
+
     def wrap(op, fn):
         def collective(*args, **kwargs):
-            if ctx.checking or getattr(depth, "n", 0) or torch.compiler.is_compiling():
-                return fn(*args, **kwargs)  # a check's own call, or one inside another
-            ctx.guard(record)(op, args, kwargs, sys._getframe(1))
+            if (len(kept) >= KEEP or ctx.checking or getattr(depth, "n", 0)
+                    or torch.compiler.is_compiling()):
+                return fn(*args, **kwargs)  # kept full, a check's own call, or one inside another
+            guarded(op, args, kwargs, sys._getframe(1))
             depth.n = 1
             try:
                 return fn(*args, **kwargs)
@@ -150,7 +153,7 @@ def _hook_parting(calls: dict):
     """(index, {rank: entry or None}) where the ranks' recorded calls first differ, or None."""
     if len(calls) < 2:
         return None
-    full = any(len(c) >= 500 for c in calls.values())  # ctx keeps 500 a key: no further
+    full = any(len(c) >= KEEP for c in calls.values())  # ctx keeps KEEP a key: no further
     for i in range(max(len(c) for c in calls.values())):
         at = {r: (c[i] if i < len(c) else None) for r, c in calls.items()}
         if any(e is None for e in at.values()):
