@@ -326,8 +326,10 @@ def _fullgraph(ev) -> list[Finding]:
 
 def _fullgraph_fix(message: str, why: str) -> str:
     if "backwards hooks" in message:
-        return ("register a hook on the tensor instead (out.register_hook(...) in forward), "
-                "enable compiled autograd as PyTorch's hint says, or drop fullgraph=True")
+        return ("hook the module's parameters instead (p.register_hook or "
+                "register_post_accumulate_grad_hook, registered before compiling: they run "
+                "outside the graph; corpus 53's fixed script), enable compiled autograd as "
+                "PyTorch's hint says, or drop fullgraph=True")
     if "DDP" in why:
         return ("compile the module, then wrap it: DDP(torch.compile(model, fullgraph=True)); or "
                 "keep fullgraph=False on the DDP model (its breaks are DDP's own)")
