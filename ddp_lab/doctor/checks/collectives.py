@@ -243,7 +243,8 @@ def judge(ev):
     if flight is not None:
         from ...launching import divergence
         ev_lines.append(divergence.describe(ev.run.ranks))
-    ev_lines += [cause] if cause else []
+        ev_lines.append(_flight_steps(ev, flight))
+    ev_lines = [e for e in ev_lines if e] + ([cause] if cause else [])
     trace = ""
     if ev.run is not None:
         from ...launching import divergence
@@ -251,6 +252,18 @@ def judge(ev):
     return [Finding("error", "collectives-differ-between-ranks", "13",
                     "the ranks entered different collectives" + (" and hung" if _hung(ev) else ""),
                     ev_lines, fix=fix, trace=trace, where=where)]
+
+
+def _flight_steps(ev, parted) -> str:
+    """The step each rank was in when it entered the flight recorder's collective #N (or its
+    last one), by the time the recorder gave it: the step that never ended included."""
+    said = []
+    for r, c in sorted(parted.entries.items()):
+        c = c or parted.last.get(r)
+        step = ev.step_at(r, c.created) if c is not None and c.created else None
+        if c is not None and step is not None:
+            said.append(f"rank {r} entered {c.op} #{c.seq} in step {step}")
+    return "by step: " + "; ".join(said) if said else ""
 
 
 def _left_loop(ev, entries: dict, positions: dict):
