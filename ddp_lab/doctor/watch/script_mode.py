@@ -121,6 +121,14 @@ def _function_mode(ctx: Context):
     table = ctx._functions
     compiling = torch.compiler.is_compiling
 
+    @torch.compiler.disable(recursive=True)
+    def dispatch(handlers, func, args, kwargs, result):
+        # Never traced nor compiled by dynamo: code that resumes after a graph break runs under
+        # dynamo's frame callback, which would otherwise compile the checks' handlers as frames
+        # of their own (seen by the compiled check: extra graphs and breaks in ddp_lab's files).
+        for h in handlers:
+            ctx.guard(h)(func, args, kwargs, result)
+
     class FunctionWatch(TorchFunctionMode):
         def __torch_function__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
@@ -128,8 +136,7 @@ def _function_mode(ctx: Context):
             if handlers is None or compiling() or ctx.checking:
                 return func(*args, **kwargs)
             result = func(*args, **kwargs)
-            for h in handlers:
-                ctx.guard(h)(func, args, kwargs, result)
+            dispatch(handlers, func, args, kwargs, result)
             return result
 
     return FunctionWatch()
