@@ -41,14 +41,15 @@ TIMED_OUT = re.compile(r"Timed out waiting|timed out|Timeout", re.I)
 # --- on each rank ------------------------------------------------------------------------------
 
 def _shape(args):
-    """The first tensor argument's shape ([n, ...] for a list of n tensors); None: no tensor."""
+    """The first tensor argument's shape (for a list: its length, its first's shape); None: no
+    tensor."""
     import torch
 
     for a in args:
         if isinstance(a, torch.Tensor):
             return list(a.shape)
         if isinstance(a, (list, tuple)) and a and isinstance(a[0], torch.Tensor):
-            return [len(a), *a[0].shape]
+            return f"{len(a)} tensors, the first {list(a[0].shape)}"
     return None
 
 
