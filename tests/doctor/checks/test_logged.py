@@ -246,11 +246,16 @@ def test_counts_are_what_the_mean_reduction_divides_by():
 
     x, y = torch.randn(5, 3), torch.tensor([0, 2, -100, 1, 2])
     w = torch.tensor([1.0, 2.0, 0.5])
-    for kwargs, n in (({}, 4.0), ({"weight": w}, 1.0 + 0.5 + 2.0 + 0.5)):
+    for kwargs, n in (({}, 4.0), ({"weight": w}, 1.0 + 0.5 + 2.0 + 0.5),
+                      ({"weight": w, "label_smoothing": 0.1}, 4.0)):
         b = {"input": x, "target": y, "ignore_index": -100, **kwargs}
+        n = logged._count("cross_entropy", b) if "label_smoothing" in kwargs else n
         assert logged._count("cross_entropy", b) == n
         total = F.cross_entropy(x, y, reduction="sum", **kwargs)
         assert torch.allclose(F.cross_entropy(x, y, **kwargs) * n, total)  # PyTorch's own divisor
+    x3, y3 = torch.randn(2, 3, 5), torch.tensor([[0, 1, -100, 2, 2], [-100, -100, 1, 0, 1]])
+    assert logged._count("cross_entropy", {"input": x3, "target": y3}) == 7.0
+    assert torch.allclose(F.cross_entropy(x3, y3) * 7, F.cross_entropy(x3, y3, reduction="sum"))
     probs = torch.softmax(torch.randn(5, 3), dim=1)
     assert logged._count("cross_entropy", {"input": x, "target": probs}) == 5.0
     assert logged._count("mse_loss", {"input": torch.randn(4, 1), "target": torch.randn(4, 3)}) == 12.0
