@@ -119,6 +119,7 @@ class _Rank:
         self.dirty = False
         self.cost = 0.0  # seconds spent hashing (the README's cost figure)
         self.optimizers: list = []
+        self.modules: dict[int, tuple] = {}  # id -> (qualified name, the module, kept)
 
     def refresh(self) -> None:
         self.ids.clear()
@@ -126,6 +127,7 @@ class _Rank:
         models = comparable(self.ctx.models)
         for i, w, _, _, _ in models:
             prefix = f"model{i}." if len(models) > 1 else ""
+            self.modules.update({id(m): (prefix + n, m) for n, m in w.module.named_modules()})
             for kind, named in (("parameter", w.module.named_parameters()),
                                 ("buffer", w.module.named_buffers())):
                 for n, t in named:
@@ -158,8 +160,10 @@ class _Rank:
 
     def wrote(self, t, frame) -> None:
         entry = self.lookup(t)
-        if entry is None or self.in_optimizer:
-            return
+        if entry is not None and not self.in_optimizer:
+            self.record(entry, frame)
+
+    def record(self, entry, frame) -> None:
         scan = frame
         while scan is not None and not self.ctx.is_user_file(scan.f_code.co_filename):
             if any(s in scan.f_code.co_filename.replace("\\", "/") for s in FRAMEWORK):
@@ -185,7 +189,7 @@ class _Rank:
 def _targets(func, args, kwargs):
     import torch.nn.functional as F
 
-    if func is F.batch_norm or getattr(func, "__name__", "") == "batch_norm":
+    if func is F.batch_norm:
         training = args[5] if len(args) > 5 else kwargs.get("training", False)
         return [t for t in (args[1:3] if len(args) > 2 else ()) if t is not None] if training else []
     first = args[0] if args else kwargs.get("tensor", kwargs.get("input"))
@@ -206,6 +210,7 @@ def _edit_functions():
 
 def attach(ctx) -> None:
     import torch
+    from torch.nn.modules.module import register_module_buffer_registration_hook
     from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
     rank = _Rank(ctx)
@@ -237,6 +242,16 @@ def attach(ctx) -> None:
         if not any(o is opt for o in rank.optimizers):
             rank.optimizers.append(opt)
 
+    def buffer_set(module, name, tensor):  # `self.ema = 0.9 * self.ema + ...` re-registers it
+        found = rank.modules.get(id(module))
+        if found is not None and tensor is not None and found[1] is module:
+            entry = ("buffer", f"{found[0]}.{name}" if found[0] else name)
+            rank.record(entry, sys._getframe(1))
+            rank._remember(tensor, entry)
+
+    guarded = ctx.guard(buffer_set)
+    register_module_buffer_registration_hook(  # every module built anywhere registers: ids first
+        lambda m, n, t: guarded(m, n, t) if id(m) in rank.modules else None)
     register_optimizer_step_pre_hook(opt_begins)
     register_optimizer_step_post_hook(lambda opt, args, kwargs: mute(False))  # after the core's
     ctx.on_torch_function(funcs, seen)

@@ -179,3 +179,20 @@ def test_fsdp2_module_left_out_is_named_by_the_optimizer_it_is_in(tmp_path, root
         return
     assert hits and hits[0].severity == "error"
     assert hits[0].evidence[0].startswith("head.weight (in no wrapped model): rank 0 ")
+
+
+def test_a_buffer_reassigned_in_forward_is_named_at_its_assignment(tmp_path):
+    """pytorch#84053's form: `self.input_mean = 0.9 * self.input_mean + ...` re-registers the buffer
+    (Module.__setattr__ -> register_buffer): the buffer registration hook names the line."""
+    with open(os.path.join(CORPUS, "15_buffer_ema_local_batch", "broken.py")) as f:
+        src = f.read()
+    new = "self.input_mean = 0.9 * self.input_mean + 0.1 * x.mean(dim=0).detach()"
+    src = src.replace("""with torch.no_grad():
+                batch_mean = x.mean(dim=0)
+                self.input_mean.mul_(0.9).add_(0.1 * batch_mean)""", new)
+    path = tmp_path / "train.py"
+    path.write_text(src)
+    report = run(str(path), checks=("state",))
+    hits = [f for f in report.findings if f.code == "buffers-differ-after-step"]
+    assert hits and hits[0].severity == "warning"
+    assert hits[0].where == f"train.py:{line_of(path, new)}: {new}"
