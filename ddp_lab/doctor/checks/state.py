@@ -120,6 +120,7 @@ class _Rank:
         self.cost = 0.0  # seconds spent hashing (the README's cost figure)
         self.optimizers: list = []
         self.modules: dict[int, tuple] = {}  # id -> (qualified name, the module, kept)
+        self.buffers_named: set = set()
 
     def refresh(self) -> None:
         self.ids.clear()
@@ -164,6 +165,8 @@ class _Rank:
             self.record(entry, frame)
 
     def record(self, entry, frame) -> None:
+        if entry in self.buffers_named:
+            return  # a buffer's writer is named once (BatchNorm writes its stats every forward)
         scan = frame
         while scan is not None and not self.ctx.is_user_file(scan.f_code.co_filename):
             if any(s in scan.f_code.co_filename.replace("\\", "/") for s in FRAMEWORK):
@@ -178,6 +181,8 @@ class _Rank:
         e["count"] += 1
         if name not in e["names"] and len(e["names"]) < 20:
             e["names"].append(name)
+        if kind == "buffer":
+            self.buffers_named.add(entry)
         self.dirty = True
 
     def flush(self) -> None:
