@@ -257,8 +257,8 @@ def attach(ctx) -> None:
     guarded = ctx.guard(buffer_set)
     register_module_buffer_registration_hook(  # every module built anywhere registers: ids first
         lambda m, n, t: guarded(m, n, t) if id(m) in rank.modules else None)
-    register_optimizer_step_pre_hook(opt_begins)
-    register_optimizer_step_post_hook(lambda opt, args, kwargs: mute(False))  # after the core's
+    register_optimizer_step_pre_hook(ctx.guard(opt_begins))  # never raises into the script
+    register_optimizer_step_post_hook(ctx.guard(lambda opt, args, kwargs: mute(False)))  # after the core's
     ctx.on_torch_function(funcs, seen)
     ctx.on_model(lambda c, w: (rank.refresh(), c.add("state-models", _model_row(w))))
     ctx.on_step_end(lambda c: _step_end(c, rank))

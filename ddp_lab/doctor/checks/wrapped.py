@@ -124,21 +124,22 @@ def _wrap_apply(torch, ctx, trees) -> None:
 
     def _apply(self, fn, *args, **kwargs):
         w = None if getattr(trees.local, "depth", 0) or not trees.modules or ctx.checking else owner(self)
-        if w is None:
+        before = ctx.guard(look)(w) if w is not None else None
+        if before is None:  # not a DDP model, or our look failed: never in the user's way
             return apply(self, fn, *args, **kwargs)
-        before = look(w)
         trees.local.depth = 1
         try:
             out = apply(self, fn, *args, **kwargs)
         finally:
             trees.local.depth = 0
-        ctx.guard(_compare)(trees, w, before, look(w))
+        ctx.guard(_compare)(trees, w, before, look)
         return out
 
     torch.nn.Module._apply = _apply
 
 
-def _compare(trees, w, before: dict, after: dict) -> None:
+def _compare(trees, w, before: dict, look) -> None:
+    after = look(w)
     changed = [n for n in before if n in after and before[n] != after[n]]
     if not changed or trees.theirs():
         return
