@@ -168,9 +168,24 @@ def _on_reduce(ctx, state, tensor, before, args, kwargs):
 
 
 def _count_rows(ctx, watched, state):
+    """Rows the model evaluates without gradient (the samples behind a metric), counted by a
+    forward pre-hook on the plain module. Never on a compiled model: a hook changes what dynamo
+    traces (measured: torch.compile(DDP(m)) made 2 graphs with the hooks, none without), so a
+    model compiled after it was hooked loses the hooks before its first forward."""
     import torch
 
-    if watched.kind not in ("ddp", "fsdp2"):
+    hooks = state.setdefault("hooks", [])
+    if watched.kind == "compiled":
+        inside = {id(m) for m in watched.module.modules()}
+        for module, handles in list(hooks):
+            if id(module) in inside:
+                for h in handles:
+                    h.remove()
+                hooks.remove((module, handles))
+        return
+    if type(watched.module).__name__ == "OptimizedModule" or any(
+            w.kind == "compiled" and any(m is w.module for m in watched.module.modules())
+            for w in ctx.models):
         return
 
     def rows(module, args, kwargs):
@@ -184,8 +199,9 @@ def _count_rows(ctx, watched, state):
 
     def done(module, args, output):
         state["depth"] = max(0, state.get("depth", 0) - 1)
-    watched.module.register_forward_pre_hook(ctx.guard(rows), with_kwargs=True)
-    watched.module.register_forward_hook(ctx.guard(done))
+    hooks.append((watched.module, [
+        watched.module.register_forward_pre_hook(ctx.guard(rows), with_kwargs=True),
+        watched.module.register_forward_hook(ctx.guard(done))]))
 
 
 def _on_number(ctx, func, args, out):
