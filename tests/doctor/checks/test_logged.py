@@ -17,7 +17,7 @@ import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
-from ddp_lab.doctor.checks import logged
+from ddp_lab.doctor.checks import _logged_judge as judging, logged
 from ddp_lab.doctor.watch.context import Evidence
 
 CORPUS = Path(__file__).parents[2] / "corpus" / "watch"
@@ -109,7 +109,7 @@ def train(step, *micro, k=None):
 
 
 def judged(ranks):
-    return logged.judge(Evidence(ranks, script="train.py"))
+    return judging.judge(Evidence(ranks, script="train.py"))
 
 
 def value(step, v, line="train.py:9: print(x.item())"):
@@ -295,7 +295,7 @@ def test_an_epoch_mean_is_judged_over_the_steps_since_the_line_last_logged():
 def logged_steps(ranks):
     """Every step-level formula value: the epoch values above match none of them."""
     out = {r: {} for r in range(len(ranks))}
-    logged._formulas([logged._micro(r["logged.train"]) for r in ranks], out)
+    judging._formulas([judging._micro(r["logged.train"]) for r in ranks], out)
     return [f[0] for r in out.values() for fs in r.values() for f in fs if f[1] != "own"]
 
 
