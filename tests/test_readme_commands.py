@@ -74,15 +74,18 @@ def readme_commands() -> list[tuple[str, list[str]]]:
     return found
 
 
+IN_PROCESS = ("ddp-lab doctor examples/", "ddp-lab doctor tests/corpus/", "ddp-lab watch tests/corpus/")
+
+
 def _doctor_examples():
-    return [(c, shown) for c, shown in readme_commands() if c.startswith("ddp-lab doctor examples/")]
+    return [(c, shown) for c, shown in readme_commands() if c.startswith(IN_PROCESS)]
 
 
 def test_every_readme_command_is_run_somewhere():
     commands = readme_commands()
-    assert len(_doctor_examples()) == 3, commands  # bert, layerdrop, ten_layers
+    assert len(_doctor_examples()) == 8, commands  # bert, layerdrop, ten_layers; 4 corpus cases (one twice)
     for command, _ in commands:
-        if command.startswith("ddp-lab doctor examples/"):
+        if command.startswith(IN_PROCESS):
             continue  # run below
         if command in ELSEWHERE:
             where, fragment = ELSEWHERE[command]
@@ -98,8 +101,9 @@ def _words(text: str) -> str:
 
 @pytest.mark.parametrize("command, shown", _doctor_examples(), ids=lambda v: v if isinstance(v, str) else "")
 def test_the_doctor_examples_run_as_shown(command, shown, monkeypatch, capsys):
-    """`ddp-lab doctor examples/X.py:Name ...`, in this process (its fork server warm: about
-    a second each): the file exists, the module loads, and the README's printed lines are there."""
+    """`ddp-lab doctor examples/X.py:Name ...` and the corpus cases the README shows (doctor and
+    watch), in this process (its fork server warm: seconds each): the file exists, the module
+    loads, and the README's printed lines are there, "at FILE:LINE: text" included."""
     monkeypatch.chdir(ROOT)
     argv = shlex.split(command)
     assert argv[0] == "ddp-lab"
@@ -108,6 +112,8 @@ def test_the_doctor_examples_run_as_shown(command, shown, monkeypatch, capsys):
     for line in shown:
         assert _words(line.removesuffix("...")) in out, (line, out)
     assert code == (1 if any(l.startswith("ERROR") for l in shown) else 0), out
+    if command.startswith("ddp-lab watch"):
+        assert "WARN" in out and "ERROR" not in out, out
     if "layerdrop" in command:  # an info, not an error, under find_unused_parameters=True
         assert "ERROR" not in out, out
     if "ten_layers" in command:  # nothing wrong with it
@@ -143,19 +149,19 @@ def test_every_relative_link_of_the_readme_and_docs_resolves():
 
 
 def test_the_watch_example_finds_what_the_pages_say(monkeypatch, capsys):
-    """The runnable watch command, as shown, exits 1 with every finding the sentence after it
-    names ("It exits 1 with four findings: `a`, `b`, ...")."""
+    """The runnable watch command, as shown, exits with the status and every finding the sentence
+    after it names ("It exits 0 with three warnings: `a`, `b`, ...")."""
     shown = 0
     for doc in DOCS:
-        said = re.search(r"```bash\n(ddp-lab watch examples/[^\n]+)\n```\s+It exits 1 with (\w+) findings: (.+?);? ?[(.]",
-                         doc.text, re.S)
+        said = re.search(r"```bash\n(ddp-lab watch examples/[^\n]+)\n```\s+It exits (\d) with (\w+) "
+                         r"(?:findings|warnings): (.+?);? ?[(.]", doc.text, re.S)
         if said is None:
             continue
-        names = re.findall(r"`([a-z-]+)`", said.group(3))
-        assert len(names) == ["one", "two", "three", "four", "five"].index(said.group(2)) + 1, names
+        names = re.findall(r"`([a-z-]+)`", said.group(4))
+        assert len(names) == ["one", "two", "three", "four", "five"].index(said.group(3)) + 1, names
         monkeypatch.chdir(ROOT)
         code = main(shlex.split(said.group(1))[1:])
         out = capsys.readouterr().out
-        assert code == 1 and all(name in out for name in names), (doc.repo_path, names, out)
+        assert code == int(said.group(2)) and all(name in out for name in names), (doc.repo_path, names, out)
         shown += 1
     assert shown >= 1, "no page shows the runnable watch example and what it finds"

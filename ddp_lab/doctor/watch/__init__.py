@@ -55,9 +55,9 @@ def watch(train_step, model: Callable | None = None, batches=None, *, strategy: 
         from functools import partial
 
         from .context import read_records
-        from .rank import body
+        from .rank import _returned_line, body
         records = os.path.join(folder, "rank{}.jsonl")
-        run = launch(partial(body, records=records), train_step, model, batches, strategy, steps,
+        run = launch(partial(body, records=records, returned_at=_returned_line(train_step)), train_step, model, batches, strategy, steps,
                      save=save, evaluate=evaluate,
                      path=os.path.join(folder, "checkpoint.pt"), make_optimizer=optimizer,
                      wants_optimizer=wants, world_size=world_size, timeout=timeout, grace=2.0,

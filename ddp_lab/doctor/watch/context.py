@@ -64,6 +64,7 @@ class Context:
         self._stepping_optimizer = None
         self.steps_by_optimizer = True  # the function API ends a step when train_step returns
         self.group_started = False
+        self.mode = None  # the TorchFunctionMode serving on_torch_function (script_mode)
         self.finished = False
         self._write({"step": 0, "begin": self.steps[0]["begin"]})
 

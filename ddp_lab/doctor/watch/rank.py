@@ -163,7 +163,7 @@ def _returned_line(fn) -> str:
 
 def body(step_fn, factory, batches, strategy: str, steps: int, save=None, path: str = "",
          make_optimizer=None, wants_optimizer: bool = False, evaluate=None,
-         records: str = "") -> dict:
+         records: str = "", returned_at: str = "") -> dict:
     """The rank's whole run; what it returns is plain data. The registry's checks attach
     here as they do to a script (script_mode): the same Context, the same hooks."""
     import contextlib
@@ -185,9 +185,10 @@ def body(step_fn, factory, batches, strategy: str, steps: int, save=None, path: 
     ctx.emit("started", True)
     ctx.group_started = True
     ctx.emit("group", {"backend": torch.distributed.get_backend(), "line": ""})
-    returned_at = _returned_line(step_fn)
+    returned_at = returned_at or _returned_line(step_fn)  # the parent has the source
     rank, dev = rank_info().rank, device()  # cuda:LOCAL_RANK under NCCL, else the CPU
-    mode = _function_mode(ctx) or contextlib.nullcontext()
+    ctx.mode = _function_mode(ctx)
+    mode = ctx.mode or contextlib.nullcontext()
     try:
         with mode:
             model = factory().to(dev)

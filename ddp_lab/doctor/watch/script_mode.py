@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import runpy
+import types
 import sys
 import tempfile
 import threading
@@ -66,13 +67,17 @@ def _install_core(ctx: Context) -> list:
 
     def compile_watched(model=None, *args, **kwargs):
         if model is None:  # used as @torch.compile(...): a decorator factory
-            return compile_(*args, **kwargs)
+            return lambda fn: compile_watched(fn, *args, **kwargs)
         out = compile_(model, *args, **kwargs)
         if isinstance(model, torch.nn.Module):
             ctx.model_wrapped("compiled", out, model, sys._getframe(1))
             ctx.add("compile-settings", {"line": ctx.user_line(sys._getframe(1)),
                                          **{k: repr(v) for k, v in kwargs.items()}})
-        return out
+            if isinstance(getattr(out, "__dict__", {}).get("forward"), types.FunctionType) or \
+                    callable(getattr(out, "__dict__", {}).get("forward")):
+                out.forward = _outside_the_mode(ctx, out.forward)
+            return out
+        return _outside_the_mode(ctx, out) if callable(out) else out
 
     torch.compile = compile_watched
     undo.append(lambda: setattr(torch, "compile", compile_))
@@ -98,6 +103,9 @@ def _install_core(ctx: Context) -> list:
 
     def init_process_group(*args, **kwargs):
         out = start(*args, **kwargs)
+        if ctx.step == 0:  # step 0 is timed from here: imports and rendezvous are not a step
+            ctx.steps[0]["begin"] = time.time()
+            ctx._write({"step": 0, "begin": ctx.steps[0]["begin"]})
         ctx.group_started = True
         ctx.emit("group", {"backend": dist.get_backend(), "line": ctx.user_line(sys._getframe(1))})
         return out
@@ -108,6 +116,24 @@ def _install_core(ctx: Context) -> list:
     undo.append(lambda: setattr(dist, "init_process_group", start))
     undo.append(lambda: setattr(c10d, "init_process_group", start))
     return undo
+
+
+def _outside_the_mode(ctx: Context, fn):
+    """`fn` (what torch.compile returned) called with watch's TorchFunctionMode popped, so that
+    dynamo traces the user's code as it would without watch (an active mode is part of what
+    dynamo traces: it changed the graph breaks it found)."""
+    import functools
+
+    from torch.overrides import _get_current_function_mode, _pop_mode_temporarily
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        if ctx.mode is not None and _get_current_function_mode() is ctx.mode:
+            with _pop_mode_temporarily():
+                return fn(*args, **kwargs)
+        return fn(*args, **kwargs)
+
+    return call
 
 
 def _function_mode(ctx: Context):
@@ -156,7 +182,7 @@ def _run_path(ctx: Context, path: str, args) -> int:
     folder = os.path.dirname(os.path.abspath(path))
     if folder not in sys.path:
         sys.path.insert(0, folder)
-    mode = _function_mode(ctx)
+    mode = ctx.mode = _function_mode(ctx)
     ctx.emit("started", True)
     try:
         if mode is not None:
@@ -432,7 +458,7 @@ class _Watchdog:
     def _loop(self) -> None:
         while not self.done.wait(0.5):
             last = self.ctx.steps[-1]["begin"]
-            if time.time() - last > self.timeout:
+            if self.ctx.group_started and time.time() - last > self.timeout:
                 frames = sys._current_frames()
                 main = frames.get(threading.main_thread().ident)
                 stack = "".join(traceback.format_stack(main)) if main else ""
