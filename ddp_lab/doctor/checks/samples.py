@@ -524,7 +524,7 @@ def _several(reps, ranks, found, n_epochs: int, count: int) -> Finding:
                        f"{len(shared)} sample(s) on more than one rank: {reason}",
                        evidence=evidence, where=reps[ranks[0]]["loader"]["line"])
     return Finding("warning", "sample-on-several-ranks", "07",
-                   f"The same samples are trained on several ranks in one epoch ({len(shared)} of "
+                   f"the same samples are trained on several ranks in one epoch ({len(shared)} of "
                    f"{len(union)})", evidence=evidence + why, where=where, fix=fix)
 
 
@@ -554,7 +554,7 @@ def _missing(reps, ranks, found, lost_each, n_complete: int) -> Finding:
                        evidence=evidence, where=reps[ranks[0]]["loader"]["line"])
     why, where, fix = _causes(reps, ranks, eps)
     return Finding("warning", "sample-on-no-rank", "07",
-                   f"Samples no rank trains on: {len(lost)} in one epoch", evidence=evidence + why,
+                   f"samples no rank trains on: {len(lost)} in one epoch", evidence=evidence + why,
                    where=where, fix=fix)
 
 

@@ -1,43 +1,13 @@
-"""`watch`'s findings, built in the parent from what each rank wrote after each step (plain
-data) and from the launch itself (the flight recorder's record of every collective)."""
+"""The function API's own findings (the registry's checks, ddp_lab/doctor/checks, serve it as
+they serve a script): dropout masks and initial weights, sharded reads outside forward, ZeRO-3's
+reload and the evaluation, built in the parent from what each rank wrote after each step."""
 from __future__ import annotations
 
 from ..report import Finding
 
-TOLERANCE = 1e-4  # relative: a logged value equal to the all-rank value up to float rounding
-
 
 def steps_of(rec: dict) -> list[dict]:
     return [rec[k] for k in sorted((k for k in rec if k.startswith("step")), key=lambda k: int(k[4:]))]
-
-
-def state_findings(recs: list[dict]) -> list[Finding]:
-    """Check 1: parameters and buffers identical across ranks after each step."""
-    per_rank = [steps_of(r) for r in recs]
-    for step in range(min(map(len, per_rank), default=0)):
-        states = [s[step].get("state") for s in per_rank]
-        if any(s is None for s in states):
-            return []
-        differ = [n for n in states[0] if len({s.get(n) for s in states}) > 1]
-        if differ:
-            kind = "buffers" if all(n.startswith("buffer") for n in differ) else "parameters"
-            return [Finding(
-                "error" if kind == "parameters" else "warning", f"{kind}-differ-after-step",
-                "01" if kind == "parameters" else "08",
-                f"{len(differ)} tensor(s) differ between ranks after step {step}",
-                [f"first: {differ[0]} (a hash per tensor and rank: "
-                 f"{', '.join(f'rank {r} {s[differ[0]]}' for r, s in enumerate(states))})"]
-                + ([f"also: {', '.join(differ[1:6])}"] if len(differ) > 1 else [])
-                + ["a checkpoint saved by rank 0 now holds rank 0's values only; the ranks train "
-                   "different models from here"],
-                fix=("update state from all ranks' data (all_reduce the statistic before writing "
-                     "it into the buffer, or SyncBatchNorm), or recompute it identically on every rank"
-                     if kind == "buffers" else
-                     "change parameters only through the optimizer's step on all-reduced gradients, "
-                     "or identically on every rank (an edit one rank makes, e.g. under "
-                     "`if rank == 0`, must be made by all, or broadcast from it)"),
-                strategies=("ddp",) if kind == "parameters" else ())]
-    return []
 
 
 def random_findings(recs: list[dict], strategy: str) -> list[Finding]:
@@ -68,36 +38,6 @@ def random_findings(recs: list[dict], strategy: str) -> list[Finding]:
             fix="seed the model's construction identically on every rank (or load the weights on "
                 "every rank) before fully_shard", strategies=("fsdp2",)))
     return out
-
-
-def logged_findings(recs: list[dict]) -> list[Finding]:
-    """Check 6: the loss the step returns (a bare number, or a dict's "loss") equals its value
-    over all ranks' data: the mean over ranks of the loss each rank's backward ran from. Other
-    names are not compared (a learning rate or a norm is not that mean)."""
-    per_rank = [steps_of(r) for r in recs]
-    for step in range(min(map(len, per_rank), default=0)):
-        rows = [s[step] for s in per_rank]
-        if not all(r.get("losses") and "loss" in r.get("logged", {}) for r in rows):
-            continue
-        local = [r["losses"][0] for r in rows]
-        everyone = sum(local) / len(local)
-        name = "loss"
-        off = [(rank, r["logged"].get(name)) for rank, r in enumerate(rows)
-               if r["logged"].get(name) is not None
-               and abs(r["logged"][name] - everyone) > TOLERANCE * max(1.0, abs(everyone))]
-        if off:
-            ev = [f"rank {rank} returns {name} = {v:.4g} at step {step}; over all ranks' data it is "
-                  f"{everyone:.4g}" + (" (its own rank's loss alone)"
-                                       if abs(v - local[rank]) <= TOLERANCE * max(1.0, abs(v)) else "")
-                  for rank, v in off]
-            return [Finding(
-                "warning", "logged-value-not-all-ranks", "14",
-                f"the {name} the step returns is not its value over all ranks' data", ev
-                + ["watch computed the all-rank value itself: the mean over ranks of the loss each "
-                   "rank's backward ran from"],
-                fix="all_reduce the value (ReduceOp.SUM, divided by the world size) before "
-                    "logging it, on every rank")]
-    return []
 
 
 def read_findings(recs: list[dict], strategy: str) -> list[Finding]:
