@@ -1,11 +1,34 @@
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent  # the repository: tests/ may have subfolders
+WATCH_CORPUS = REPO / "tests" / "corpus" / "watch"
+
+
+def corpus_score():
+    """tools/corpus_score.py, loaded once (the corpus tests and the checks' tests share it)."""
+    import importlib.util
+
+    if "corpus_score" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("corpus_score", REPO / "tools" / "corpus_score.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # dataclasses look their module up there
+        spec.loader.exec_module(module)
+    return sys.modules["corpus_score"]
+
+
+def corpus_report(path):
+    """watch (every check) on a script of the watch corpus, run once per session and shared by
+    tests/corpus/test_watch_corpus.py and each check's tests; None for a script elsewhere."""
+    path = Path(path).resolve()
+    if WATCH_CORPUS not in path.parents:
+        return None
+    return corpus_score().watch_report(str(path))
 
 # One reader of /proc, the launcher's; tests import alive and descendants from here.
 from ddp_lab.launching.processes import alive, descendants, parent as _parent  # noqa: F401

@@ -26,6 +26,7 @@ import os
 import sys
 import tomllib
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Callable
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "corpus")
@@ -111,13 +112,21 @@ register("doctor", run_doctor)
 
 def run_watch(case: Case, variant: str) -> list:
     """watch on one version of a case: the script unchanged on `nproc` real ranks, as
-    `ddp-lab watch [--timeout T] broken.py ARGS` runs it."""
+    `ddp-lab watch [--timeout T] broken.py ARGS` runs it, with every check attached."""
+    return watch_report(os.path.join(case.folder, f"{variant}.py")).findings
+
+
+@lru_cache(maxsize=None)
+def watch_report(script: str):
+    """The Report of watch on a corpus script (its case's args, nproc and timeout), once per
+    process: the corpus test and the checks' own tests (tests/doctor/checks) share the runs."""
     from ddp_lab.doctor.watch.script_mode import watch_script
 
-    spec = case.spec
-    report = watch_script(os.path.join(case.folder, f"{variant}.py"), spec.get("args", []),
-                          nproc=spec.get("nproc", 2), timeout=spec.get("timeout", 60))
-    return report.findings
+    folder = os.path.dirname(os.path.abspath(script))
+    with open(os.path.join(folder, "case.toml"), "rb") as f:
+        spec = tomllib.load(f)
+    return watch_script(script, spec.get("args", []), nproc=spec.get("nproc", 2),
+                        timeout=spec.get("timeout", 60))
 
 
 register("watch", run_watch)

@@ -2,28 +2,19 @@
 tools/corpus_score.py: each broken version caught by one of its case's codes at error or warning
 level, each fixed version with no error- or warning-level finding, and the fault line named by
 a catching finding's `where` in at least 80 % of the cases (issue 36's acceptance)."""
-import importlib.util
 import os
-import sys
 from functools import lru_cache
 
 import pytest
+
+from conftest import corpus_score
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FOLDER = os.path.join(HERE, "doctor")
 NAMED_SHARE = 0.8
 
 
-def _score_module():
-    path = os.path.join(HERE, "..", "..", "tools", "corpus_score.py")
-    spec = importlib.util.spec_from_file_location("corpus_score", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-score = _score_module()
+score = corpus_score()
 CASES = {c.name: c for c in score.cases("doctor")}
 
 

@@ -4,30 +4,19 @@ scripts, each pair modelled on a public report it cites), scored by tools/corpus
 finding; each broken one caught by one of its case's codes at error or warning level (a case
 watch is known to miss says so in case.toml, `missed = "why"`, and its test fails the day it is
 caught); at least 90 % caught and the fault line named in at least 80 % (issue 35's acceptance)."""
-import importlib.util
 import os
-import sys
 from functools import lru_cache
 
 import pytest
+
+from conftest import corpus_score
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FOLDER = os.path.join(HERE, "watch")
 CAUGHT_SHARE, NAMED_SHARE = 0.9, 0.8
 
 
-def _score_module():
-    if "corpus_score" in sys.modules:
-        return sys.modules["corpus_score"]
-    path = os.path.join(HERE, "..", "..", "tools", "corpus_score.py")
-    spec = importlib.util.spec_from_file_location("corpus_score", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-score = _score_module()
+score = corpus_score()
 CASES = {c.name: c for c in score.cases("watch")}
 
 

@@ -11,6 +11,7 @@ from functools import lru_cache
 from pathlib import Path
 
 import pytest
+from conftest import corpus_report
 
 CORPUS = Path(__file__).parents[2] / "corpus" / "watch"
 CODES = ("checkpoint-does-not-reload", "dcp-values-lost", "dcp-load-into-copy")
@@ -26,7 +27,7 @@ CASES = [  # a file only the same wrapper reloads is a warning; lost or unloaded
 def report(case: str, script: str):
     from ddp_lab.doctor.watch.script_mode import watch_script
 
-    return watch_script(str(CORPUS / case / script), nproc=2, timeout=90, checks=["checkpoints"])
+    return corpus_report(CORPUS / case / script)  # the corpus test's run, shared
 
 
 def fault_line(case: str) -> int:

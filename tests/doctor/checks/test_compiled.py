@@ -14,6 +14,7 @@ from functools import lru_cache
 from pathlib import Path
 
 import pytest
+from conftest import corpus_report
 
 CORPUS = Path(__file__).parents[2] / "corpus" / "watch"
 CASES = [("50_compile_int_attr_recompiles", "recompiles-every-step", "warning"),
@@ -29,7 +30,7 @@ pytestmark = pytest.mark.slow
 def report(path: str):
     from ddp_lab.doctor.watch.script_mode import watch_script
 
-    return watch_script(path, nproc=2, timeout=150, checks=["compiled"])
+    return corpus_report(path) or watch_script(path, nproc=2, timeout=150, checks=["compiled"])
 
 
 def corpus(case: str, script: str):

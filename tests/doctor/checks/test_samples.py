@@ -10,6 +10,7 @@ import pytest
 from ddp_lab.doctor.checks import registry
 from ddp_lab.doctor.checks.samples import decode, encode
 from ddp_lab.doctor.watch.script_mode import watch_script
+from conftest import corpus_report
 
 CORPUS = os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, "corpus", "watch")
 CASES = {  # case folder -> (code, severity, a unique substring of broken.py's faulty line)
@@ -26,7 +27,7 @@ CASES = {  # case folder -> (code, severity, a unique substring of broken.py's f
 
 
 def run(path):
-    return watch_script(path, nproc=2, timeout=60, checks=["samples"])
+    return corpus_report(path) or watch_script(path, nproc=2, timeout=60, checks=["samples"])
 
 
 def line_of(path, text):

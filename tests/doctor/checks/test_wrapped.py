@@ -8,6 +8,7 @@ import textwrap
 import pytest
 
 from ddp_lab.doctor.watch.script_mode import watch_script
+from conftest import corpus_report
 
 CORPUS = os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, "corpus", "watch")
 CASES = {  # case folder -> (what changed, a unique substring of broken.py's faulty line)
@@ -18,7 +19,7 @@ CASES = {  # case folder -> (what changed, a unique substring of broken.py's fau
 
 
 def run(path):
-    return watch_script(path, nproc=2, timeout=60, checks=["wrapped", "state"])
+    return corpus_report(path) or watch_script(path, nproc=2, timeout=60, checks=["wrapped", "state"])
 
 
 def line_of(path, text):
