@@ -155,11 +155,17 @@ def _function_mode(ctx: Context):
         for h in handlers:
             ctx.guard(h)(func, args, kwargs, result)
 
+    watched = table.get
+
     class FunctionWatch(TorchFunctionMode):
         def __torch_function__(self, func, types, args=(), kwargs=None):
+            # Every torch call from Python passes here while the script runs: the common path
+            # (a function no check watches) is one dict lookup.
+            handlers = watched(func)
+            if not handlers:  # None, or a list a check emptied for a while (state's, in optimizers)
+                return func(*args, **kwargs) if kwargs else func(*args)
             kwargs = kwargs or {}
-            handlers = table.get(func)
-            if handlers is None or compiling() or ctx.checking:
+            if compiling() or ctx.checking:
                 return func(*args, **kwargs)
             result = func(*args, **kwargs)
             dispatch(handlers, func, args, kwargs, result)
