@@ -11,7 +11,7 @@ judges every check whose `tools` name it.
                   tests="tests/doctor/checks/test_samples.py")
 
 Adding a check: one file here and one test file (its `tests`); tests/doctor/checks/
-test_registry.py holds every check to that shape."""
+test_checks_registry.py holds every check to that shape."""
 from __future__ import annotations
 
 import importlib
@@ -46,7 +46,7 @@ class Check:
             raise ValueError(f"check {self.name}: codes must map each code to one of {sorted(levels)}")
 
 
-BROKEN: dict[str, str] = {}  # module -> why it did not import (tests/doctor/checks/test_registry.py fails on any)
+BROKEN: dict[str, str] = {}  # module -> why it did not import (tests/doctor/checks/test_checks_registry.py fails on any)
 
 
 @lru_cache(maxsize=None)
