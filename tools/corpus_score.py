@@ -93,18 +93,27 @@ def score(case: Case) -> Score:
 
 def run_doctor(case: Case, variant: str) -> list:
     """The doctor on one version of a case, as its CLI loads a file (ddp_lab/doctor/loader.py)."""
+    return doctor_report(os.path.join(case.folder, f"{variant}.py")).findings
+
+
+@lru_cache(maxsize=None)
+def doctor_report(script: str):
+    """The doctor's Report on a corpus file (its case's target, input and options), once per
+    process: the corpus test and the checks' own tests share the runs."""
     from ddp_lab.doctor import doctor
     from ddp_lab.doctor.loader import eval_input, load_file
 
-    module = load_file(os.path.join(case.folder, f"{variant}.py"))
-    spec = case.spec
+    folder = os.path.dirname(os.path.abspath(script))
+    with open(os.path.join(folder, "case.toml"), "rb") as f:
+        spec = tomllib.load(f)
+    module = load_file(script)
     options = dict(spec.get("options", {}))
     if spec.get("parallelize"):
         options["parallelize"] = getattr(module, spec["parallelize"])
     if isinstance(options.get("tp_plan"), str) and options["tp_plan"] != "traced":
         options["tp_plan"] = eval_input(options["tp_plan"], vars(module), "tp_plan")
     example = eval_input(spec["input"], vars(module))
-    return doctor(getattr(module, spec["target"]), example, **options).findings
+    return doctor(getattr(module, spec["target"]), example, **options)
 
 
 register("doctor", run_doctor)

@@ -145,8 +145,8 @@ def compiled_findings(source, example, steps, loss, amp, ddp_kwargs, plan, world
     """Launch `probe` on `world_size` ranks; the findings of the registry's compile_settings
     check. `where` is frames.code_map of the module (names code shipped by value)."""
     from ..launching.launcher import launch
-    from .checks.compile_settings import CHECK  # the registry's entry, imported by its name:
-    from .sync import records  # another check's import error must not stop this one
+    from .checks import registry  # the registry's entry (found by pkgutil: compile_settings
+    from .sync import records     # imports this module, and the layers allow no cycle)
 
     settings = settings or settings_of(True)
     run = launch(probe, source, example, steps=steps, loss=loss, amp=amp, ddp_kwargs=ddp_kwargs,
@@ -154,7 +154,7 @@ def compiled_findings(source, example, steps, loss, amp, ddp_kwargs, plan, world
                  timeout=max(timeout, COMPILE_TIMEOUT), grace=2.0, label="doctor compile")
     ranks = [{**records(r.stdout), **(r.value if r.status == "ok" and isinstance(r.value, dict)
                                       else {})} for r in run.ranks]
-    return CHECK.judge(
+    return registry()["compile_settings"].judge(
         CompileEvidence(ranks, run, steps, settings, code_ranges(source, where)))
 
 

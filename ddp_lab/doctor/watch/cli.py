@@ -9,10 +9,11 @@ import argparse
 import sys
 
 HELP = "run your training script unchanged on real ranks, checked from outside: state, samples, collectives, checkpoints, logged values, compile"
-EPILOG = """examples:
+_MODULE = f"{__package__.partition('.')[0]}.watch"  # python -m ... under torchrun
+EPILOG = f"""examples:
   ddp-lab watch train.py                     # 2 ranks, as torchrun --nproc-per-node 2 train.py
   ddp-lab watch --nproc-per-node 4 --timeout 30 train.py --epochs 1 --lr 0.1
-  torchrun --nnodes 2 --nproc-per-node 8 ... -m ddp_lab.watch train.py   # inside your own job
+  torchrun --nnodes 2 --nproc-per-node 8 ... -m {_MODULE} train.py   # inside your own job
 
 The function API (a training step cut out of the script):
   ddp-lab watch examples/watch_train.py:train_step --model examples/watch_train.py:Net \\

@@ -479,7 +479,7 @@ def torchrun_main(argv=None) -> int:
     import argparse
     import json
 
-    p = argparse.ArgumentParser(prog="python -m ddp_lab.watch",
+    p = argparse.ArgumentParser(prog=f"python -m {__package__.partition('.')[0]}.watch",
                                 description="watch the training script this torchrun job runs, "
                                             "on every rank, from outside")
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT,

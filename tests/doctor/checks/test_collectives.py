@@ -8,6 +8,8 @@ import textwrap
 
 import pytest
 
+import ddp_lab.watch
+
 from ddp_lab.doctor.checks import collectives
 from ddp_lab.doctor.watch.script_mode import watch_script
 from conftest import corpus_report
@@ -166,7 +168,7 @@ def test_inside_torchrun_the_hook_and_the_ranks_positions_name_the_line(case):
     path = os.path.join(CORPUS, case, "broken.py")
     with environ({}, drop=RANK_VARIABLES):
         done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                               "--nproc-per-node=2", "--max-restarts=0", "-m", "ddp_lab.watch",
+                               "--nproc-per-node=2", "--max-restarts=0", "-m", ddp_lab.watch.__name__,
                                "--timeout", "40", "--json", path],
                               capture_output=True, text=True, timeout=150)
     report = _report_json(done.stdout)

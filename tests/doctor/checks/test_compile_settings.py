@@ -20,6 +20,7 @@ from ddp_lab.doctor import doctor
 from ddp_lab.doctor.checks import Check
 from ddp_lab.doctor.checks.compile_settings import CHECK
 from ddp_lab.doctor.loader import eval_input, load_target
+from conftest import corpus_score
 
 pytestmark = pytest.mark.usefixtures("no_leftovers")
 CORPUS = Path(__file__).resolve().parents[2] / "corpus" / "doctor"
@@ -30,8 +31,7 @@ def run_case(slug: str, which: str):
     declaration and the line number of its fault in broken.py."""
     folder = CORPUS / slug
     case = tomllib.loads((folder / "case.toml").read_text())
-    model, module = load_target(f"{folder / (which + '.py')}:{case['target']}")
-    report = doctor(model, eval_input(case["input"], vars(module)), timeout=60, **case["options"])
+    report = corpus_score().doctor_report(str(folder / f"{which}.py"))  # the corpus test's run
     lines = (folder / "broken.py").read_text().splitlines()
     fault = next(i for i, ln in enumerate(lines, 1) if case["fault"] in ln)
     return report, case, fault

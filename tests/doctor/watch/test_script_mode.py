@@ -11,6 +11,12 @@ import pytest
 
 from ddp_lab.doctor.watch.script_mode import WatchScriptError, watch_script
 
+import ddp_lab.watch
+
+_WATCH = ddp_lab.watch.__name__  # the module torchrun runs: -m ddp_lab.watch
+pytestmark = pytest.mark.usefixtures("no_leftovers")  # nothing outlives a watch, failed or not
+EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "..", "..", "examples", "scripts", "train_ddp.py")
+
 GOOD = """
 import torch, torch.distributed as dist
 from torch import nn
@@ -117,18 +123,19 @@ def _node(script_path: str) -> str:
                                "--nproc-per-node=1", "--rdzv-backend=c10d",
                                f"--rdzv-endpoint={endpoint}", "--rdzv-id=watch-two-nodes",
                                "--rdzv-conf=is_host=false", "--max-restarts=0",
-                               "-m", "ddp_lab.watch", "--timeout", "20", script_path],
+                               "-m", _WATCH, "--timeout", "20", script_path],
                               capture_output=True, text=True, timeout=90)
     return done.stdout + f"\n[exit {done.returncode}]"
 
 
-def test_inside_torchrun_on_two_simulated_nodes(tmp_path):
+def test_inside_torchrun_on_two_simulated_nodes():
+    """examples/scripts/train_ddp.py, unchanged, as one job of two nodes of one rank each."""
     from ddp_lab.launching.launcher import launch
 
-    path = script(tmp_path, GOOD.format(steps=2, tail=""))
-    run = launch(_node, path, world_size=2, timeout=100)
+    run = launch(_node, os.path.abspath(EXAMPLE), world_size=2, timeout=100)
     outputs = [r.value for r in run.ranks]
     assert run.status == "ok", run.describe_failure()
-    reports = [o for o in outputs if "watch: train.py (world size 2, 2 steps, ranks ok)" in o]
+    reports = [o for o in outputs if "watch: train_ddp.py (world size 2, 8 steps, ranks ok)" in o]
     assert len(reports) == 1, outputs  # the global rank 0 reports, on its node
+    assert "no findings" in reports[0], reports[0]
     assert all(o.endswith("[exit 0]") for o in outputs), outputs
