@@ -27,7 +27,7 @@ import threading
 from ...launching.frames import FRAME
 from ...launching.results import peer_gone
 from ..report import Finding
-from ..watch.context import KEEP
+from ..watch.context import KEEP, describe
 from . import Check
 
 KEY = "collective-calls"
@@ -127,12 +127,6 @@ def _user_frames(text: str, folder: str, innermost_first: bool) -> list:
     return frames if innermost_first else frames[::-1]
 
 
-def _line(path: str, lineno: int) -> str:
-    import linecache
-
-    return f"{os.path.basename(path)}:{lineno}: {linecache.getline(path, lineno).strip()}"
-
-
 def _position(ev, r: int, folder: str):
     """(what rank r was doing at the end, its user frames innermost first)."""
     rec = ev.ranks[r] if r < len(ev.ranks) else {}
@@ -217,7 +211,7 @@ def _said(ev, r: int, entry, state: str, frames: list) -> str:
         return f"rank {r} returned from the script after {steps - 1} step(s)"
     if state == "unknown":
         return f"rank {r} left no record of where it stood"
-    at = f" at {_line(*frames[0])}" if frames else ""
+    at = f" at {describe(*frames[0])}" if frames else ""
     return f"rank {r} {state} in step {max(steps - 1, 0)}{at}"
 
 
@@ -288,7 +282,7 @@ def _left_loop(ev, entries: dict, positions: dict):
             "on the result)" if "break" in how else
             "give every rank the same number of batches (DistributedSampler pads them; or "
             "drop_last, or DDP's join() context for uneven inputs)"))
-    return _line(step_at[0], exit_line), cause, fix
+    return describe(step_at[0], exit_line), cause, fix
 
 
 def _attribute(entries: dict, positions: dict, calls: dict):
@@ -310,14 +304,14 @@ def _attribute(entries: dict, positions: dict, calls: dict):
                 "every rank must issue the same collectives in the same order with the same "
                 "shapes: iterate in an order all ranks share (sorted keys), never a rank's own")
     hung = [f for state, f in positions.values() if f]
-    return (_line(*hung[0][0]) if hung else ""), "", (
+    return (describe(*hung[0][0]) if hung else ""), "", (
         "every rank must call the same collectives in the same order")
 
 
 def _hang(ev, positions: dict) -> Finding:
     said = [_said(ev, r, None, *positions[r]) for r in sorted(positions)]
-    where = next((_line(*f[0]) for state, f in positions.values() if state == "hung" and f), "")
-    where = where or next((_line(*f[0]) for _, f in positions.values() if f), "")
+    where = next((describe(*f[0]) for state, f in positions.values() if state == "hung" and f), "")
+    where = where or next((describe(*f[0]) for _, f in positions.values() if f), "")
     stopped = next((ev.run.ranks[r].stack_summary() for r in positions
                     if ev.run is not None and ev.run.ranks[r].status == "timeout"), "")
     return Finding("error", "hang", "13", "the ranks hung: no collective tells them apart",

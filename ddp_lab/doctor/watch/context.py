@@ -58,6 +58,7 @@ class Context:
         self._model: list[Callable] = []
         self._finish: list[Callable] = []
         self._fsdp: list[Watched] = []
+        self._roots: list[Watched] = []  # FSDP2's roots among _fsdp (models)
         self._others: list[Watched] = []
         self._functions: dict[Any, list[Callable]] = {}
         self._local = threading.local()
@@ -137,18 +138,20 @@ class Context:
     @property
     def models(self) -> list[Watched]:
         """DDP and compiled wrappers in the order made, then FSDP2's roots (a fully_shard'ed
-        module inside another one is not a root)."""
-        roots = []
-        for w in self._fsdp:
-            inside = any(o is not w and any(m is w.module for m in o.module.modules())
-                         for o in self._fsdp)
-            if not inside:
-                roots.append(w)
-        return self._others + roots
+        module inside another one is not a root). Checks read it every step: the roots are
+        worked out when a model is wrapped, the only time they change."""
+        return self._others + self._roots
+
+    def _fsdp_roots(self) -> list[Watched]:
+        return [w for w in self._fsdp
+                if not any(o is not w and any(m is w.module for m in o.module.modules())
+                           for o in self._fsdp)]
 
     def model_wrapped(self, kind: str, wrapper, module, frame=None) -> None:
         w = Watched(kind, wrapper, module, self.user_line(frame))
         (self._fsdp if kind == "fsdp2" else self._others).append(w)
+        if kind == "fsdp2":
+            self._roots = self._fsdp_roots()
         self.add("models", {"kind": kind, "type": class_name(module), "line": w.line})
         for fn in self._model:
             self.guard(fn)(self, w)
@@ -224,10 +227,15 @@ def class_name(module) -> str:
     return cls.__name__
 
 
-def describe(filename: str, lineno: int, text: str) -> str:
+def describe(filename: str, lineno: int, text: str | None = None) -> str:
+    """"train.py:42: loss.backward()" (the line's text read from the file unless given)."""
     if filename.startswith("<dynamic-code"):
-        return f"{filename}:{lineno}: {text}"
-    return f"{os.path.basename(filename)}:{lineno}: {text}"
+        return f"{filename}:{lineno}: {text or ''}"
+    from ..frames import short_file  # a notebook cell's file is named "<notebook cell>"
+
+    if text is None:
+        text = linecache.getline(filename, lineno).strip()
+    return f"{short_file(filename)}:{lineno}: {text}"
 
 
 _DYNAMIC = __import__("re").compile(r"<dynamic-code:([^>]+)>:(\d+): ?")
@@ -267,9 +275,7 @@ def restore_where(text: str, files: dict[str, str]) -> str:
         path = files.get(m.group(1))
         if path is None:
             return f"{m.group(1)}, line {m.group(2)}: "
-        line = int(m.group(2))
-        from ..frames import short_file
-        return f"{short_file(path)}:{line}: {linecache.getline(path, line).strip()}"
+        return describe(path, int(m.group(2)))
     return _DYNAMIC.sub(named, text)
 
 

@@ -141,7 +141,6 @@ def _returned_line(fn) -> str:
     """"file.py:12: return loss.item()": the last return line of the user's function."""
     import ast
     import inspect
-    import linecache
     import textwrap
 
     from .context import describe
@@ -149,8 +148,6 @@ def _returned_line(fn) -> str:
     code = getattr(fn, "__code__", None)
     if code is None:
         return ""
-    if code.co_filename.startswith("<dynamic-code"):  # named again in the parent
-        return f"<dynamic-code:{getattr(code, 'co_qualname', code.co_name)}>:{code.co_firstlineno}: "
     try:
         lines, first = inspect.getsourcelines(fn)
         tree = ast.parse(textwrap.dedent("".join(lines)))
@@ -158,7 +155,7 @@ def _returned_line(fn) -> str:
         lineno = first + max(returns) - 1 if returns else code.co_firstlineno
     except (OSError, TypeError, SyntaxError, ValueError):
         lineno = code.co_firstlineno
-    return describe(code.co_filename, lineno, linecache.getline(code.co_filename, lineno).strip())
+    return describe(code.co_filename, lineno)
 
 
 def body(step_fn, factory, batches, strategy: str, steps: int, save=None, path: str = "",
@@ -185,7 +182,6 @@ def body(step_fn, factory, batches, strategy: str, steps: int, save=None, path: 
     ctx.emit("started", True)
     ctx.group_started = True
     ctx.emit("group", {"backend": torch.distributed.get_backend(), "line": ""})
-    returned_at = returned_at or _returned_line(step_fn)  # the parent has the source
     rank, dev = rank_info().rank, device()  # cuda:LOCAL_RANK under NCCL, else the CPU
     ctx.mode = _function_mode(ctx)
     mode = ctx.mode or contextlib.nullcontext()

@@ -16,6 +16,7 @@ thread's stack as "hung", hands its records over and ends.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import runpy
 import types
@@ -25,7 +26,7 @@ import threading
 import time
 import traceback
 
-from .context import Context, Evidence, read_records
+from .context import Context, Evidence, describe, read_records
 
 DEFAULT_TIMEOUT = 60.0
 
@@ -191,10 +192,7 @@ def _run_path(ctx: Context, path: str, args) -> int:
     mode = ctx.mode = _function_mode(ctx)
     ctx.emit("started", True)
     try:
-        if mode is not None:
-            with mode:
-                runpy.run_path(path, run_name="__main__")
-        else:
+        with mode or contextlib.nullcontext():
             runpy.run_path(path, run_name="__main__")
     except SystemExit as exc:
         code = exc.code
@@ -207,10 +205,7 @@ def _record_error(ctx: Context, exc: BaseException) -> None:
     line = ""
     for frame, lineno in traceback.walk_tb(tb):
         if ctx.is_user_file(frame.f_code.co_filename):
-            from .context import describe
-            import linecache
-            line = describe(frame.f_code.co_filename, lineno,
-                            linecache.getline(frame.f_code.co_filename, lineno).strip())
+            line = describe(frame.f_code.co_filename, lineno)  # the innermost of the user's
     while tb is not None and not ctx.is_user_file(tb.tb_frame.f_code.co_filename):
         tb = tb.tb_next  # the traceback from the user's first frame, not the runner's
     ctx.emit("error", {"type": type(exc).__name__, "message": str(exc)[:2000], "line": line,
@@ -318,7 +313,7 @@ def watch_script(path: str, args=(), nproc: int = 2, timeout: float = DEFAULT_TI
     folder = tempfile.mkdtemp(prefix="ddp-lab-watch-")
     try:
         with (_Progress(folder, nproc, os.path.basename(path), progress) if progress
-              else _nothing()):
+              else contextlib.nullcontext()):
             run = launch(script_rank, script, list(args), folder, checks, world_size=nproc,
                          timeout=timeout, init_process_group=False, grace=2.0,
                          label=f"watch {os.path.basename(path)}")
@@ -328,14 +323,6 @@ def watch_script(path: str, args=(), nproc: int = 2, timeout: float = DEFAULT_TI
     _refuse_unstarted(run, ranks, path)
     ev = Evidence(ranks, run=run, script=script, world_size=nproc, args=tuple(args))
     return build_report(ev, checks)
-
-
-class _nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 def _output(run, ranks=()) -> str:
