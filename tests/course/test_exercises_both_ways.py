@@ -448,7 +448,8 @@ class Answer:
 
 
 _L19_START = ("    squares = [local(p.grad).pow(2).sum() for p in params]  # plain tensors: a shard, "
-              "or the whole\n    return float(torch.stack(squares).sum().sqrt())  # <- this rank's only\n")
+              "or the whole\n"
+              "    return float(torch.stack(squares).sum().sqrt())  # <- this rank's only\n")
 _L19_VERDICT = ('try_fix(lesson.scenario("clip_local_norm"), norm=my_norm)',
                 'verdict = try_fix(lesson.scenario("clip_local_norm"), norm=my_norm)')
 
@@ -474,7 +475,8 @@ ANSWERS = {
                    "    dist.all_reduce(total)\n"
                    "    return float(total.sqrt())\n")), _L19_VERDICT))),
         Answer("the mean of the ranks' own norms", False, Solved("", edits=((_L19_START, (
-                   "    norm = torch.stack([local(p.grad).pow(2).sum() for p in params]).sum().sqrt()\n"
+                   "    norm = torch.stack([local(p.grad).pow(2).sum() for p in params])"
+                   ".sum().sqrt()\n"
                    "    dist.all_reduce(norm)\n"
                    "    return float(norm / dist.get_world_size())\n")), _L19_VERDICT))),
     ),

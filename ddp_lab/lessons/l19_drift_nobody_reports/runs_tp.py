@@ -111,7 +111,7 @@ def train_clipped(norm="global", steps: int = 5) -> dict:
         factors.append(clip(params, norms[-1]))
         opt.step()
         drifts.append(max(named_drift(dict(model.norm.named_parameters())).values()))
+    named = list(model.named_parameters())
     return {"factors": factors, "norms": norms, "whole_norms": wholes, "drift_per_step": drifts,
-            "drift": drifts[-1], "kinds": {n: type(p).__name__ for n, p in model.named_parameters()},
-            "placements": {n: str(p.placements[0]) for n, p in model.named_parameters()
-                           if hasattr(p, "placements")}}
+            "drift": drifts[-1], "kinds": {n: type(p).__name__ for n, p in named},
+            "placements": {n: str(p.placements[0]) for n, p in named if hasattr(p, "placements")}}
