@@ -130,3 +130,21 @@ def reduce_four_and_three():
     t = torch.ones(4 - dist.get_rank())
     dist.all_reduce(t)
     return dist.get_rank()
+
+
+def private_torch_names() -> dict:
+    """What the course reads through torch's private names, read on this torch in a rank (a
+    process group of its own): DDP's list of the module's parameters made at wrapping, and the
+    default group's store. None where the name is missing."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    model = torch.nn.Linear(2, 2)
+    ddp = DDP(model)
+    listed = getattr(ddp, "_module_parameters", None)
+    get_store = getattr(dist.distributed_c10d, "_get_default_store", None)
+    store = get_store() if get_store else None
+    if store is not None:
+        store.set("private-names", "1")
+    return {"_module_parameters": None if listed is None else
+            [id(p) for p in listed] == [id(p) for p in model.parameters()],
+            "_get_default_store": None if store is None else store.get("private-names") == b"1"}
