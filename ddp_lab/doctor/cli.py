@@ -72,7 +72,7 @@ def add_commands(sub) -> None:
 def run(args) -> int:
     """Load, diagnose, print; the exit status."""
     from . import doctor
-    from .inputs import DoctorBug, DoctorInputError
+    from .errors import DoctorBug, DoctorInputError
     from .loader import eval_input, eval_loss, load_target, parse_ddp
 
     try:
@@ -108,7 +108,7 @@ def _compile(args):
 
 def _parallelize(args, module):
     """--parallelize path/to/file.py:fn, or fn in the module's own file."""
-    from .inputs import DoctorInputError
+    from .errors import DoctorInputError
     from .loader import load_target
 
     spec = getattr(args, "parallelize_spec", None)
@@ -123,7 +123,7 @@ def _parallelize(args, module):
 def _tp_plan(args, module):
     if not getattr(args, "tp_plan_expr", None):
         return None
-    from .tensor_parallel import eval_plan
+    from .exam.tp_plan import eval_plan
 
     return eval_plan(args.tp_plan_expr, vars(module))
 

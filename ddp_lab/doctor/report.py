@@ -154,3 +154,29 @@ class Report:
         from .render import report_html
 
         return report_html(self)
+
+
+def brief(line: str, limit: int = 240) -> str:
+    """A long PyTorch message cut after the sentence that passes `limit` characters."""
+    if len(line) <= limit:
+        return line
+    end = line.find(". ", limit)
+    return line[:end + 1] + " [...]" if 0 < end < limit + 200 else line[:limit] + " [...]"
+
+
+# The keys findings are deduplicated by: the doctor keeps one finding per code, lesson and title
+# (its phases repeat what the first, more specific one said); watch one per code, title and
+# line (a check may name the same mechanism at two lines of the script).
+BY_TITLE = ("code", "lesson", "title")
+BY_LINE = ("code", "title", "where")
+
+
+def dedupe(findings: list, key: tuple = BY_TITLE) -> list:
+    """One finding per `key` (names of Finding's fields): the first keeps its place."""
+    seen, out = set(), []
+    for f in findings:
+        k = tuple(getattr(f, name) for name in key)
+        if k not in seen:
+            seen.add(k)
+            out.append(f)
+    return out

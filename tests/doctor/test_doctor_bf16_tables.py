@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 from ddp_lab.doctor import doctor
-from ddp_lab.doctor.precision import TOLERANCE
+from ddp_lab.doctor.exam.precision import TOLERANCE
 
 T = 2048  # positions: bf16 counts integers exactly only up to 256
 

@@ -11,7 +11,7 @@ from torch import nn
 
 import ddp_lab
 from ddp_lab.doctor import doctor
-from ddp_lab.doctor.randomness import (fingerprint, random_findings, watch_global_generators,
+from ddp_lab.doctor.exam.randomness import (fingerprint, random_findings, watch_global_generators,
                                        watch_randomness)
 from ddp_lab.doctor.sync import records
 

@@ -10,7 +10,7 @@ from torch import nn
 
 from ddp_lab.doctor import DoctorInputError, doctor
 from ddp_lab.doctor.cli import main
-from ddp_lab.doctor.tensor_parallel import default_plan
+from ddp_lab.doctor.exam.tp_plan import default_plan
 from ddp_lab.lessons.l16_tensor_parallel_and_checkpoints import modules as m
 
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 import os
 import sys
 
-from . import Check
+from .api import Check
 from ._checkpoints_dcp import attach_dcp
 from ._checkpoints_judge import judge
 from ._checkpoints_state import (at, first_difference, fresh_copy, is_dtensor, match, oneline,

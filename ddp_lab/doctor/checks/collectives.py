@@ -24,11 +24,10 @@ import re
 import sys
 import threading
 
-from ...launching.frames import FRAME
 from ...launching.results import peer_gone
-from ..report import Finding
-from ..watch.context import KEEP, describe
-from . import Check
+from ..frames import script_frames
+from ..userline import describe
+from .api import KEEP, Check, Finding
 
 KEY = "collective-calls"
 OPS = ("all_reduce", "broadcast", "barrier", "all_gather", "all_gather_into_tensor", "gather",
@@ -113,33 +112,19 @@ def attach(ctx):
 
 # --- in the parent -----------------------------------------------------------------------------
 
-def _is_user(path: str, folder: str) -> bool:
-    path = os.path.abspath(path)
-    return (path.startswith(folder + os.sep) and os.sep + "site-packages" + os.sep not in path
-            and os.sep + "ddp_lab" + os.sep not in path[len(folder):])
-
-
-def _user_frames(text: str, folder: str, innermost_first: bool) -> list:
-    """[(path, line)] of the user's frames in a stack dump or traceback, innermost first."""
-    blocks = re.split(r"\n(?=(?:Current thread|Thread) 0x)", text or "")
-    block = next((b for b in blocks if "<module>" in b), blocks[0])
-    frames = [(p, int(n)) for p, n, _ in FRAME.findall(block) if _is_user(p, folder)]
-    return frames if innermost_first else frames[::-1]
-
-
 def _position(ev, r: int, folder: str):
     """(what rank r was doing at the end, its user frames innermost first)."""
     rec = ev.ranks[r] if r < len(ev.ranks) else {}
     run_rank = ev.run.ranks[r] if ev.run is not None and r < len(ev.run.ranks) else None
     if run_rank is not None and run_rank.status == "timeout":
-        return "hung", _user_frames(run_rank.stack, folder, True)
+        return "hung", script_frames(run_rank.stack, folder, True)
     if rec.get("hung"):
-        return "hung", _user_frames(rec["hung"].get("stack", ""), folder, False)
+        return "hung", script_frames(rec["hung"].get("stack", ""), folder, False)
     if rec.get("error"):
         err = rec["error"]
         why = (" (its peer was gone)" if peer_gone(err.get("message", "")) else
                " (a collective timed out)" if TIMED_OUT.search(err.get("message", "")) else "")
-        return f"raised {err.get('type', 'an exception')}{why}", _user_frames(
+        return f"raised {err.get('type', 'an exception')}{why}", script_frames(
             err.get("traceback", ""), folder, False)
     return ("returned", []) if rec.get("exit") == 0 else ("unknown", [])
 
@@ -404,7 +389,6 @@ CHECK = Check(
     codes={"collectives-differ-between-ranks": "error", "hang": "error"},
     attach=attach, judge=judge, tools=("watch",),
     tests="tests/doctor/checks/test_collectives.py",
-    order=20,
     notes=("a Python collective is compared through the first 500 a rank calls; the flight "
            "recorder keeps the newest 2000 of every kind (DDP's included)",
            "the loop's exit is read from the script's source: the `if` around a `break` in the "

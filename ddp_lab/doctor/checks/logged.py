@@ -21,7 +21,7 @@ import linecache
 import math
 import sys
 
-from . import Check
+from .api import Check
 from ._logged_judge import judge
 
 LOGGERS = {"print", "info", "debug", "warning", "log", "add_scalar", "add_scalars", "write",

@@ -28,8 +28,7 @@ import operator
 import zlib
 from collections import Counter
 
-from ..report import Finding
-from . import Check
+from .api import Check, Finding
 
 KEY, REFUSED = "samples", "samples-refused"
 SETS_KEPT = 4  # epochs per DataLoader line whose index sets are recorded (the others: counts and order)

@@ -20,10 +20,8 @@ from __future__ import annotations
 
 import sys
 import time
-import zlib
 
-from ..report import Finding
-from . import Check
+from .api import Check, Finding, digest
 
 FIRST, EVERY = 5, 10  # hash steps 0-4, then every 10th: a model's full hash is not free
 FRAMEWORK = ("/torch/distributed/", "/torch/nn/parallel/", "/torch/optim/")  # their writes are theirs
@@ -33,21 +31,6 @@ CHANGES = "model-changes"  # what checks/wrapped.py records
 
 def due(step: int) -> bool:
     return step < FIRST or (step + 1) % EVERY == 0
-
-
-def digest(t) -> str:
-    """A hash of a tensor's local values (a CPU crc32 of its bytes; elsewhere torch.hash_tensor,
-    an xor of the values, computed where the tensor is)."""
-    import torch
-
-    local = t.to_local() if hasattr(t, "to_local") else t
-    data = local.detach()
-    if data.numel() == 0:
-        return "empty"
-    if data.device.type == "cpu":
-        raw = data.contiguous().reshape(-1).view(torch.uint8).numpy()
-        return f"{zlib.crc32(memoryview(raw)):08x}"
-    return f"{int(torch.hash_tensor(data)):016x}"
 
 
 def _sharded(p) -> bool:
@@ -406,7 +389,6 @@ CHECK = Check(
            "state-not-compared": "info"},
     attach=attach, judge=judge, tools=("watch",),
     tests="tests/doctor/checks/test_state.py",
-    order=40,
     notes=("hashes steps 0-4, then every 10th step (a full hash of a large model is not free)",
            "FSDP2: sharded parameters hold a different shard per rank by design and are not compared",
            "DDP with its buffer sync on: buffers are overwritten by rank 0's before each forward, not compared"))

@@ -22,8 +22,7 @@ from __future__ import annotations
 
 import threading
 
-from ..report import Finding
-from . import Check
+from .api import Check, Finding
 from .state import CHANGES, FRAMEWORK
 
 
@@ -193,6 +192,5 @@ CHECK = Check(
     codes={"model-changed-after-wrap": "error"},
     attach=attach, judge=judge, tools=("watch",),
     tests="tests/doctor/checks/test_wrapped.py",
-    order=30,
     notes=("a change made through .data or in place keeps the same tensors: the state check sees "
            "its effect instead",))

@@ -5,20 +5,12 @@ and the reads of sharded parameters outside forward (placeholders or DTensor sha
 user's line. Nothing here calls a collective: the ranks compare notes in the parent."""
 from __future__ import annotations
 
-import hashlib
 import sys
 
-from ..trace import user_frame
+from ..checks.api import digest
+from ..frames import user_frame
 
 OPTIMIZERS = ("/torch/optim/", "/deepspeed/", "/torch/distributed/")  # their reads are theirs
-
-
-def digest(t) -> str:
-    """A hash of a tensor's values (its local values: a DTensor's shard)."""
-    local = t.to_local() if hasattr(t, "to_local") else t
-    data = local.detach().cpu().contiguous()
-    return hashlib.sha1(data.view(-1).view(__import__("torch").uint8).numpy().tobytes()
-                        if data.numel() else b"").hexdigest()[:16]
 
 
 def state_hashes(model, strategy: str) -> dict[str, str]:

@@ -11,7 +11,7 @@ import pytest
 import ddp_lab.watch
 
 from ddp_lab.doctor.checks import collectives
-from ddp_lab.doctor.watch.script_mode import watch_script
+from ddp_lab.doctor.watch.script import watch_script
 from conftest import corpus_report
 
 CORPUS = os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, "corpus", "watch")

@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from ddp_lab.doctor.watch.script_mode import WatchScriptError, watch_script
+from ddp_lab.doctor.watch.script import WatchScriptError, watch_script
 
 import ddp_lab.watch
 

@@ -3,15 +3,11 @@ hang (each rank's stack), a crash. The evidence is the ranks' own: PyTorch's mes
 phase each rank had reached, where in the user's code each one stopped."""
 from __future__ import annotations
 
-import sysconfig
-
-from ..launching.frames import main_thread_frames
-from ..launching.sanitize import sanitize
+from ...launching.sanitize import sanitize
 from .classify import classify
-from .frames import DOCTOR, ours, short_file, tidy
-from .inputs import DoctorBug
-from .report import Finding
-from .trace import skipped
+from ..errors import DoctorBug
+from ..frames import DOCTOR, ours, tidy, user_frame_in
+from ..report import Finding, brief
 
 PHASES = {
     "build": "while building the module", "dry-run": "in the first forward/backward (no DDP yet)",
@@ -20,7 +16,6 @@ PHASES = {
     "steps": "in the DDP training steps", "done": "after the checks",
 }
 TRACE_CHARS = 6000
-_STDLIB = sysconfig.get_paths()["stdlib"].replace("\\", "/")
 
 
 def phase_of(rec: dict) -> str:
@@ -73,32 +68,10 @@ def _exception(result, recs, amp) -> Finding:
                    trace=sanitize(root.error.traceback)[-TRACE_CHARS:])
 
 
-def brief(line: str, limit: int = 240) -> str:
-    """A long PyTorch message cut after the sentence that passes `limit` characters."""
-    if len(line) <= limit:
-        return line
-    end = line.find(". ", limit)
-    return line[:end + 1] + " [...]" if 0 < end < limit + 200 else line[:limit] + " [...]"
-
-
 def _names_line(message: str) -> str:
     for line in message.splitlines():
         if "did not receive grad" in line and "Parameters" in line:
             return line.strip()
-    return ""
-
-
-def user_frame_in(stack: str, where: dict | None = None) -> str:
-    """The innermost frame of the main thread that is the user's code; code shipped by value
-    (`<dynamic-code>`) is named by its file when `where` (frames.code_map) knows it."""
-    for filename, func in main_thread_frames(stack):
-        name = filename.replace("\\", "/")
-        if skipped(name) or ours.launchers(name, func) or name.startswith(_STDLIB):
-            continue
-        if name.startswith("<dynamic-code"):
-            known = (where or {}).get(func)
-            return f"{func}()" + (f" in {short_file(known[0])}" if known else "")
-        return f"{func}() in {short_file(name)}"
     return ""
 
 
@@ -132,7 +105,7 @@ def _hang(result, recs, where: dict | None = None) -> Finding:
     traces = "\n\n".join(f"--- stack of rank {r.rank} ---\n{_main_thread(r.stack_summary())}"
                          for r in result.ranks if r.stack)
     if parted := result.divergence():  # the flight recorder's table, as in the launcher's report
-        from ..launching.divergence import table
+        from ...launching.divergence import table
 
         ev.append(parted)
         traces = f"--- flight recorder ---\n{table(result.ranks)}\n\n{traces}"

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from .randomness import random_findings
-from .report import Finding
+from ..report import Finding
 from .static import names
 
 TOL = 1e-6  # parameters DDP keeps in sync are bitwise equal; anything above this drifted

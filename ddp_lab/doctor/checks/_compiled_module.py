@@ -1,22 +1,11 @@
-"""The doctor's compile check, judged: the module under torch.compile with the user's own settings
-(doctor/compiled.py runs it; `compile=True` or `compile={"fullgraph": True, ...}`). Lesson 15.
-
-- `compile-fullgraph-failed` (error): fullgraph=True raises where the user's run would, with
-  PyTorch's reason and the line that causes it: for a module-level backward hook
-  (torch/_dynamo/variables/distributed.py:174) the line that REGISTERED the hook, not forward's
-  call of the module;
-- `fails-under-compile` (error): any other failure under compile only (an exception, a crash or
-  a hang of the compile launch after the DDP phase ran through);
-- `graph-break-in-module` (warning): breaks whose cause is the module's own code;
-- `same-batch-recompiles-every-step` / `same-batch-recompiles-after-first-step` (warning):
-  recompiles with the same batch, so forward reads Python state that changes (PyTorch's failed
-  guard names it; watch's `recompiles-every-step` is the same mechanism in the user's own loop);
-- `ranks-compile-different-graphs` (warning): ranks whose compiled graphs differ in ops.
-"""
+"""The compiled check's judge for the doctor (compiled.py): the module under torch.compile with
+the user's own settings (exam/compile_run.py runs it; `compile=True` or `compile={"fullgraph":
+True, ...}`): what fails, breaks, recompiles with the same batch, or differs between ranks."""
 from __future__ import annotations
 
-from ..report import Finding
-from . import Check
+from ..frames import SLASHED_OWN
+from ..userline import at_line, place
+from .api import Finding, brief
 
 LESSON = "15"
 HOOKS = "backwards hooks"  # dynamo's reason for a module-level backward hook (distributed.py:174)
@@ -29,8 +18,9 @@ HOOK_FIX = ("a module-level backward hook cannot be traced without compiled auto
 
 
 def judge(ev) -> list[Finding]:
-    """`ev`: doctor.compiled.CompileEvidence (ranks' values and records, the launch, steps,
-    the user's settings, the module's code map)."""
+    """`ev`: the compile launch's Evidence (per rank, its value: summary, graphs, lines; {}
+    when it raised; and its records: hook_sites), `ev.subject` (steps, the compile settings)
+    and `ev.where` (code ranges of the module)."""
     if ev.run.status != "ok":
         return [_failed(ev)]
     return _breaks(ev) + _recompiles(ev) + _differ(ev)
@@ -42,8 +32,6 @@ def _hook_sites(ev) -> list[dict]:
 
 def _failed(ev) -> Finding:
     from ...instruments.compilewatch import user_frame
-    from ..compiled import OWN, place, user_line
-    from ..failures import brief
 
     root = ev.run.root_cause
     if root is None or root.error is None:
@@ -51,30 +39,30 @@ def _failed(ev) -> Finding:
                        "under torch.compile (not without it)", [brief(ev.run.describe_failure())])
     message = root.error.message.strip()
     first = message.splitlines()[0] if message else ""
-    at, _ = user_frame(root.error.traceback + "\n" + root.error.message, OWN)
+    at, _ = user_frame(root.error.traceback + "\n" + root.error.message, SLASHED_OWN)
     dynamo = "/torch/_dynamo/" in root.error.traceback.replace("\\", "/")
-    if not (ev.settings["fullgraph"] and dynamo):
+    if not (ev.subject.compile["fullgraph"] and dynamo):
         return Finding(
             "error", "fails-under-compile", LESSON,
             f"rank {root.rank} raised {root.error.type} under torch.compile (not without it)",
             [f"PyTorch: {brief(first)}"] + ([f"at {place(at, ev.where)}"] if at else []),
             "the DDP phase ran this module eagerly without error: the failure is torch.compile's "
             "(often an eager error raised while tracing, with a different type: read the message)",
-            where=user_line(at, ev.where))
+            where=at_line(at, ev.where))
     ev_lines = [f"PyTorch ({root.error.type}): {brief(first)}"]
     hint = next((ln.strip() for ln in message.splitlines() if ln.strip().startswith("Hint:")), "")
     if hint:
         ev_lines.append(f"PyTorch's {hint[0].lower()}{hint[1:]}")
-    where = user_line(at, ev.where)
+    where = at_line(at, ev.where)
     if at:
         ev_lines.append(f"dynamo stopped at {place(at, ev.where)}")
     sites = _hook_sites(ev) if HOOKS in message else []
     if sites:
         ev_lines += [f"{s['module']}.{s['call']} registered at {place(s['where'], ev.where)}"
                      for s in sites]
-        where = user_line(sites[0]["where"], ev.where) or where
+        where = at_line(sites[0]["where"], ev.where) or where
     return Finding(
-        "error", "compile-fullgraph-failed", LESSON,
+        "error", "fullgraph-failed", LESSON,
         f"torch.compile(fullgraph=True) fails on rank {root.rank}: {brief(first, 120)}",
         ev_lines, _fullgraph_fix(message, sites), where=where)
 
@@ -90,8 +78,6 @@ def _fullgraph_fix(message: str, sites: list) -> str:
 
 
 def _breaks(ev) -> list[Finding]:
-    from ..compiled import place, user_line
-
     seen: dict = {}
     for rank, v in enumerate(ev.ranks):
         for b in v.get("summary", {}).get("user_breaks", []):
@@ -110,32 +96,30 @@ def _breaks(ev) -> list[Finding]:
            HOOK_FIX + "; until then the hooked module runs uncompiled" if sites else
            "make that line traceable (no print, .item(), data-dependent Python branch or "
            "untraceable call inside forward), or move it out of forward")
-    return [Finding("warning", "graph-break-in-module", LESSON,
+    return [Finding("warning", "graph-break", LESSON,
                     f"torch.compile breaks the graph in the module ({len(seen)} place"
                     f"{'' if len(seen) == 1 else 's'}): the code around it runs uncompiled",
                     ev_lines + ["PyTorch's reason is quoted; each break also splits "
                                 "DDPOptimizer's graphs, and a break inside a checkpoint runs the "
                                 "whole checkpoint eagerly"],
-                    fix, where=user_line(sites[0]["where"] if sites else first_at, ev.where))]
+                    fix, where=at_line(sites[0]["where"] if sites else first_at, ev.where))]
 
 
 def _recompiles(ev) -> list[Finding]:
-    from ..compiled import place, user_line
-
     per_step = [v.get("summary", {}).get("recompiles_per_step", []) for v in ev.ranks]
     later = [sum(s[1:]) for s in per_step]
-    if not any(later) or ev.steps < 2:
+    if not any(later) or ev.subject.steps < 2:
         return []
     first = next(r for v in ev.ranks for r in v["summary"]["recompiles"])
     every = all(all(n > 0 for n in s[1:]) for s in per_step)
-    lines = [f"rank {r}: {n} recompile(s) in steps 2-{ev.steps}" for r, n in enumerate(later)]
+    lines = [f"rank {r}: {n} recompile(s) in steps 2-{ev.subject.steps}" for r, n in enumerate(later)]
     lines.append(f"PyTorch's guard that failed: {first['guard']}"
                  + (f" (at {place(first['where'], ev.where)})" if first["where"] else ""))
-    if ev.settings.get("dynamic") is False:
+    if ev.subject.compile.get("dynamic") is False:
         lines.append("dynamic=False: every new value of an int the graph reads is a new graph "
                      "(dynamo never makes it symbolic), until the recompile limit")
     return [Finding(
-        "warning", "same-batch-recompiles-" + ("every-step" if every else "after-first-step"),
+        "warning", "recompiles-" + ("every-step" if every else "after-first-step"),
         LESSON,
         "torch.compile recompiles " + ("on every step" if every else "after the first step")
         + " with the same batch",
@@ -145,12 +129,10 @@ def _recompiles(ev) -> list[Finding]:
                  "uncompiled"],
         "keep state that changes every call in a tensor (a buffer updated in place), not in a "
         "Python int or float; or torch._dynamo.config.allow_unspec_int_on_nn_module = True",
-        where=user_line(first["where"], ev.where))]
+        where=at_line(first["where"], ev.where))]
 
 
 def _differ(ev) -> list[Finding]:
-    from ..compiled import place, user_line
-
     ops = [v.get("graphs", []) for v in ev.ranks]
     if all(o == ops[0] for o in ops[1:]):
         return []
@@ -159,13 +141,13 @@ def _differ(ev) -> list[Finding]:
     if at:
         lines.append(f"the first op only some ranks run comes from {place(at, ev.where)}")
     return [Finding(
-        "warning", "ranks-compile-different-graphs", LESSON,
+        "warning", "ranks-compile-differently", LESSON,
         "the ranks compile different graphs (different ops, not only shapes)",
         lines + ["each rank compiles (and recompiles) on its own; while one compiles, the others "
                  "wait in DDP's next all-reduce, and a path that depends on the data is compiled "
                  "again wherever it changes"],
         "make forward take the same path on every rank: pad batches to the same shape, or branch "
-        "on settings rather than on each rank's data", where=user_line(at, ev.where))]
+        "on settings rather than on each rank's data", where=at_line(at, ev.where))]
 
 
 def _first_difference(values: list[dict]) -> str:
@@ -183,19 +165,3 @@ def _first_difference(values: list[dict]) -> str:
             if tag == "delete":
                 return flat[0][i1][1]
     return ""
-
-
-CHECK = Check(
-    name="compile_settings",
-    mechanism="the module under torch.compile with the user's own settings (fullgraph, dynamic, "
-              "backend, mode): what fails, breaks, recompiles or differs between ranks, and the "
-              "user's line",
-    lesson=LESSON,
-    codes={"compile-fullgraph-failed": "error", "fails-under-compile": "error",
-           "graph-break-in-module": "warning", "same-batch-recompiles-every-step": "warning",
-           "same-batch-recompiles-after-first-step": "warning",
-           "ranks-compile-different-graphs": "warning"},
-    judge=judge, tools=("doctor",), strategies=("ddp",),
-    tests="tests/doctor/checks/test_compile_settings.py",
-    notes=("one batch shape per rank every step: state the user's loop changes between steps "
-           "is watch's (script mode)",))

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import gc
 
-from ..instruments.modwalk import graph_holders, state_tensors
-from ..instruments.probes import gather, named_drift
-from .inputs import autocast, call, floating_tensors, move
+from ...instruments.modwalk import graph_holders, state_tensors
+from ...instruments.probes import gather, named_drift
+from ..batch import call, floating_tensors, move
+from .inputs import autocast
 from .randomness import seed_all, watch_global_generators, watch_randomness
 from .regions import changed_state, module_state
 from .shapes import rank_batch
-from .sync import emit, new_group
+from ..sync import emit, new_group
 from .trace import batchnorm_sizes, custom_functions, watch_forward
 
 SEED = 1000  # rank r builds its module after seeding torch, Python's random and NumPy with
@@ -20,21 +21,22 @@ SEED = 1000  # rank r builds its module after seeding torch, Python's random and
 # when ranks are seeded apart; and the doctor's own runs repeat from run to run
 
 
-def probe(source, example, steps: int = 3, loss=None, amp=None, ddp_kwargs=None,
-          plan=None) -> dict:
-    """The dry run watches one instance; DDP then wraps a FRESH instance built the same way, so
-    that nothing the dry run did (a first-batch initialisation, a lazily built cache) hides
-    what the module does under DDP."""
+def probe(subject) -> dict:
+    """One rank of the DDP phase (ddp.py). The dry run watches one instance; DDP then wraps a
+    FRESH instance built the same way, so that nothing the dry run did (a first-batch
+    initialisation, a lazily built cache) hides what the module does under DDP."""
     import torch
 
-    from ..launching.rankinfo import device, rank_info
+    from ...launching.rankinfo import device, rank_info
 
+    source, example, steps, loss, amp = (subject.source, subject.example, subject.steps,
+                                         subject.loss, subject.amp)
     rank, dev = rank_info().rank, device()
-    user = dict(ddp_kwargs or {})
+    user = dict(subject.ddp_kwargs or {})
     group = new_group()
     emit("phase", "build")
     model = _build(source, rank, dev)
-    batch = move(rank_batch(example, rank, plan), dev)
+    batch = move(rank_batch(example, rank, subject.plan), dev)
     emit("phase", "dry-run")
     dry = dry_run(model, batch, loss, amp, dev)
     emit("dry", dry)
@@ -86,7 +88,7 @@ def _shapes(model) -> dict:
 def wrap(model, dev, settings: dict):
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from ..launching.rankinfo import ddp_kwargs
+    from ...launching.rankinfo import ddp_kwargs
 
     return DDP(model, **{**settings, **ddp_kwargs(dev)})
 
@@ -165,7 +167,7 @@ def eval_collectives(model, batch, amp, dev) -> list[str] | None:
     synchronises only in training lets one rank evaluate alone."""
     import torch
 
-    from ..instruments.probes import record_collectives
+    from ...instruments.probes import record_collectives
 
     model.eval()
     try:
@@ -208,7 +210,7 @@ def reproduce_unused_error(model, batch, loss, amp, dev, user: dict) -> str | No
 def train(ddp, model, batch, loss, amp, steps: int, dev) -> dict:
     import torch
 
-    from ..instruments.probes import record_collectives
+    from ...instruments.probes import record_collectives
 
     opt = torch.optim.Adam([p for p in ddp.parameters() if p.requires_grad], lr=1e-3)
     out: dict = {"collectives": [], "losses": [], "nonfinite_grads": []}

@@ -5,7 +5,7 @@ tell, the generic finding says what it saw."""
 from __future__ import annotations
 
 from .analyze import TOL
-from .report import Finding
+from ..report import Finding
 from .static import names
 
 

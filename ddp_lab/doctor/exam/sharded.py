@@ -9,10 +9,12 @@ and runs a forward and backward, keeping PyTorch's (or DeepSpeed's) own message.
 """
 from __future__ import annotations
 
-from .failures import brief
-from .report import Finding
+from ..report import Finding, brief
+from ..frames import SLASHED_OWN
+from ..userline import at_line, code_ranges
+from .launch import failure, launch_and_judge
 
-STRATEGIES = ("ddp", "fsdp2", "zero3", "tp")  # "tp": doctor/tensor_parallel.py
+STRATEGIES = ("ddp", "fsdp2", "zero3", "tp")  # "tp": tensor_parallel.py
 
 
 def plan(model) -> list:
@@ -41,8 +43,7 @@ def watched_reads(model, units, batch, own: dict) -> list[tuple[str, str, str]]:
     import torch
     from torch.overrides import TorchFunctionMode
 
-    from ..instruments.compilewatch import caller
-    from .compiled import OWN
+    from ...instruments.compilewatch import caller
 
     names = {id(m): n or "<root>" for n, m in model.named_modules()}
     pnames = {id(p): n for n, p in model.named_parameters()}
@@ -55,7 +56,7 @@ def watched_reads(model, units, batch, own: dict) -> list[tuple[str, str, str]]:
                 if isinstance(a, torch.nn.Parameter) and id(a) in own:
                     if not set(own[id(a)]) & set(active):
                         seen.add((pnames.get(id(a), "?"), own[id(a)][0], active[-1] if active else "-",
-                                  caller(sys._getframe(1), OWN)))
+                                  caller(sys._getframe(1), SLASHED_OWN)))
             return func(*args, **(kwargs or {}))
 
     def enter(module, args):
@@ -99,7 +100,7 @@ def sharded_step(model, units, batch, strategy: str, amp: str | None = None,
             default_loss(out).backward()
         else:
             if not __import__("torch").cuda.is_available():
-                from ..instruments.deepspeed_ops import require_built
+                from ...instruments.deepspeed_ops import require_built
                 require_built()
             import deepspeed
             deepspeed.init_distributed(dist_backend="gloo")
@@ -132,14 +133,15 @@ def _fsdp2_forward(model, units, batch, amp, seen: dict | None):
     return out
 
 
-def probe(source, example, strategy: str, amp: str | None = None, folder: str = "") -> dict:
+def probe(subject, folder: str = "") -> dict:
     """What one rank sees: ties across units, reads outside a unit's forward, mixed
-    requires_grad, and the sharded run's own error."""
+    requires_grad, and the sharded run's own error; then the round trip into `folder`."""
     import torch
 
-    from ..launching.rankinfo import rank_info
+    from ...launching.rankinfo import rank_info
     from .inputs import batch_for
 
+    source, example, strategy, amp = subject.source, subject.example, subject.strategy, subject.amp
     rank = rank_info().rank
     torch.manual_seed(1000 + rank)
     with ParameterSites() as assigned:
@@ -156,8 +158,8 @@ def probe(source, example, strategy: str, amp: str | None = None, folder: str = 
              "mixed": mixed_grad_units(model, units, own),
              "error": sharded_step(model, units, batch, strategy, amp, seen)}
     (seen or {}).pop("reference", None)  # tensors: only plain data leaves a rank
-    if folder and strategy == "fsdp2" and not found["error"]:  # doctor/roundtrip.py
-        from .roundtrip import fsdp2_round_trip
+    if folder and strategy == "fsdp2" and not found["error"]:  # save_load.py
+        from .save_load import fsdp2_round_trip
         found["round_trip"] = fsdp2_round_trip(source, batch, folder)
     return {**found, **(seen or {})}
 
@@ -170,39 +172,17 @@ def _bf16_reference(model, batch) -> dict:
     return {"reference": reference(model, batch)}
 
 
-def sharded_findings(source, example, strategy: str, world_size: int, timeout: float,
-                     amp: str | None = None, where: dict | None = None):
-    """Launch `probe` on `world_size` ranks; (RunResult, findings of lesson 12)."""
-    from ..launching.launcher import launch
-
-    import shutil
-    import tempfile
-
-    folder = tempfile.mkdtemp(prefix="ddp-lab-dcp-")  # the round trip's checkpoint
-    try:
-        run = launch(probe, source, example, strategy=strategy, amp=amp, folder=folder,
-                     world_size=world_size, timeout=timeout, grace=2.0, label=f"doctor {strategy}")
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
-    values = [r.value for r in run.ranks if r.status == "ok" and r.value]
-    if not values:
-        first = run.root_cause.error if run.root_cause and run.root_cause.error else None
-        why = f"{first.type}: {first.message}" if first else run.describe_failure()
-        return run, [Finding("error", "sharded-run-failed", "12",
-                             f"the module could not be checked under {strategy}",
-                             [brief(why)], fix="see the message: the rank failed before the "
-                             "checks could run")]
-    trips = [v.get("round_trip") for v in values]
-    if len(values) == world_size and all(trips):
-        from .checks.roundtrip import judge_records
-        return run, findings(values[0], strategy, _ranges(source, where)) + judge_records(trips, source, where)
-    return run, findings(values[0], strategy, _ranges(source, where))
-
-
-def _ranges(source, where):
-    from .compiled import code_ranges
-
-    return code_ranges(source, where)
+def phase(subject):
+    """(RunResult, findings) of the sharded launch: the sharded checks (lesson 12), FSDP2's bf16
+    tables, and under FSDP2 the registry's roundtrip check."""
+    strategy = subject.strategy
+    failed = failure("sharded-run-failed", "12", f"the module could not be checked under {strategy}",
+                     fix="see the message: the rank failed before the checks could run")
+    run, ev, found = launch_and_judge(probe, subject, f"doctor {strategy}", ("roundtrip",), failed)
+    if ev is None:
+        return run, found
+    first = next(v for v in ev.ranks if v)
+    return run, findings(first, strategy, code_ranges(subject.source, subject.where)) + found
 
 
 FIX_TIE = ("keep the tie inside one unit (a child module that owns the weight and both uses "
@@ -228,14 +208,13 @@ class ParameterSites:
 
         import torch
 
-        from ..instruments.compilewatch import caller
-        from .compiled import OWN
+        from ...instruments.compilewatch import caller
 
         self._original = original = torch.nn.Module.__setattr__
 
         def assigning(module, name, value):
             if isinstance(value, torch.nn.Parameter):
-                self.sites.setdefault(id(value), []).append(caller(sys._getframe(1), OWN))
+                self.sites.setdefault(id(value), []).append(caller(sys._getframe(1), SLASHED_OWN))
             original(module, name, value)
 
         torch.nn.Module.__setattr__ = assigning
@@ -248,7 +227,6 @@ class ParameterSites:
 
 
 def findings(v: dict, strategy: str, where: dict | None = None) -> list[Finding]:
-    from .compiled import user_line
     from .precision import table_findings
 
     out = table_findings(v)
@@ -258,7 +236,7 @@ def findings(v: dict, strategy: str, where: dict | None = None) -> list[Finding]
         out.append(Finding("error", "weight-shared-across-units", "12",
                            "a parameter is registered in two FSDP2 units",
                            [f"{name}: units {', '.join(u)}" for name, u in v["shared"]] + error,
-                           fix=FIX_TIE, where=next((user_line(v.get("tied_at", {})[n], where)
+                           fix=FIX_TIE, where=next((at_line(v.get("tied_at", {})[n], where)
                                                     for n, _ in v["shared"]
                                                     if n in v.get("tied_at", {})), "")))
     if v["reads"]:
@@ -270,7 +248,7 @@ def findings(v: dict, strategy: str, where: dict | None = None) -> list[Finding]
                               ["ZeRO-3 gathers it as an external parameter of the reader"]),
                            fix=FIX_TIE + "; in a training loop, read weight.full_tensor() "
                                "(FSDP2) or inside deepspeed.zero.GatheredParameters (ZeRO-3)",
-                           where=next((user_line(at, where) for *_, at in v["reads"] if at), "")))
+                           where=next((at_line(at, where) for *_, at in v["reads"] if at), "")))
     if v["mixed"]:  # measured in lesson 12 (frozen_part_in_unit): nothing to fix under FSDP2
         out.append(Finding("info", "mixed-requires-grad", "12",
                            "frozen and trainable parameters share a unit",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import inspect
 
-from .inputs import DoctorInputError
+from ..errors import DoctorInputError
 
 RESERVED_DDP = ("module", "device_ids", "output_device", "process_group", "device_mesh")
 

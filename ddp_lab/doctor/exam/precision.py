@@ -7,7 +7,7 @@ in float32, and names the low-precision tables forward built (the user's line).
 """
 from __future__ import annotations
 
-from .report import Finding
+from ..report import Finding
 
 # Relative (L2) error of the output above which it is more than bf16's rounding: bf16 keeps 8
 # significant bits (unit roundoff 2**-8 = 0.0039); a few layers of it give ~0.01. Measured on
@@ -55,7 +55,7 @@ def low_precision_tables():
     import torch
     from torch.overrides import TorchFunctionMode
 
-    from .trace import user_frame
+    from ..frames import user_frame
 
     low = (torch.bfloat16, torch.float16)
 

@@ -4,7 +4,7 @@ collectives per step."""
 from __future__ import annotations
 
 from .analyze import TOL
-from .report import Finding
+from ..report import Finding
 from .static import names
 
 SMALL_BATCH = 32  # BatchNorm statistics over fewer values per channel than this are noisy

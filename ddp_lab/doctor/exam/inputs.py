@@ -14,20 +14,14 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from ..batch import call, floating_tensors, map_tensors, move, tensors_in
+from ..errors import DoctorBug, DoctorInputError
+from ..frames import last_frames as _last_frames
+
 AMP_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
 _FIT = re.compile(r"shape|size mismatch|must match the size|cannot be multiplied|[Ee]xpected input|"
                   r"Expected \d+D|dimension|channels|out of range|Expected size|size of tensor|"
                   r"input of size|batch_size|positional argument|keyword argument|unpack")
-
-
-class DoctorInputError(ValueError):
-    """The doctor cannot start: bad file, name, factory, input, or a module with no parameters.
-    The CLI prints the message and exits with status 2."""
-
-
-class DoctorBug(RuntimeError):
-    """The doctor's own code failed on a rank: not a finding about the user's module. The CLI
-    prints the message and exits with status 3."""
 
 
 @dataclass
@@ -86,53 +80,6 @@ def first_instance(source: ModelSource):
                                + _last_frames(exc)) from exc
 
 
-def _last_frames(exc: BaseException, n: int = 3) -> str:
-    """The innermost `n` frames of the exception: the user's, and the one that raised (the
-    doctor's own and torch's inner frames left out), file names short."""
-    from .frames import DOCTOR, ours, short_file
-
-    tb = traceback.extract_tb(exc.__traceback__)
-    frames = [f for f in tb if not ours.in_places(f.filename, (DOCTOR,))
-              and ("/torch/" not in f.filename.replace("\\", "/") or f is tb[-1])][-n:]
-    return "\n".join(f'  File "{short_file(f.filename)}", line {f.lineno}, in {f.name}'
-                     + (f"\n    {f.line.strip()}" if f.line else "") for f in frames)
-
-
-# ---- tensors nested in tuples, lists and dicts (a batch, an output) ----------------------------
-
-def tensors_in(value):
-    """Every tensor in `value`, depth first: a tensor, or tuples, lists and dicts of them."""
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        yield value
-    elif isinstance(value, (tuple, list)):
-        for v in value:
-            yield from tensors_in(v)
-    elif isinstance(value, dict):
-        for v in value.values():
-            yield from tensors_in(v)
-
-
-def map_tensors(value, fn):
-    """`value` with every tensor `t` in it replaced by `fn(t)`; the tuples, lists and dicts
-    around them rebuilt, anything else kept."""
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        return fn(value)
-    if isinstance(value, (tuple, list)):
-        return type(value)(map_tensors(v, fn) for v in value)
-    if isinstance(value, dict):
-        return {k: map_tensors(v, fn) for k, v in value.items()}
-    return value
-
-
-def floating_tensors(value):
-    """Every floating-point tensor in `value` (see tensors_in)."""
-    return (t for t in tensors_in(value) if t.is_floating_point())
-
-
 # ---- the input -------------------------------------------------------------------------------
 
 def perturb(value, rank: int):
@@ -154,19 +101,6 @@ def perturb(value, rank: int):
 def batch_for(example, rank: int):
     """The batch rank `rank` feeds the model (shapes.rank_batch may then cut its length)."""
     return example(rank) if callable(example) else perturb(example, rank)
-
-
-def move(batch, dev):
-    return map_tensors(batch, lambda t: t.to(dev))
-
-
-def call(model, batch):
-    """A tuple is the positional arguments of forward, a dict its keyword arguments."""
-    if isinstance(batch, tuple):
-        return model(*batch)
-    if isinstance(batch, dict):
-        return model(**batch)
-    return model(batch)
 
 
 def autocast(amp: str | None, device_type: str):

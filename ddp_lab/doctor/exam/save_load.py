@@ -19,12 +19,10 @@ state-dict hook returning copies; a tensor outside the state dict (a non-persist
 """
 from __future__ import annotations
 
-import inspect
-import re
+from ..checks import judge
+from ..checks.api import Evidence
+from ..checks.roundtrip import TOLERANCE
 
-from .report import Finding
-
-TOLERANCE = 1e-6  # absolute: a round trip copies bytes, nothing is recomputed
 SEED_SAVED, SEED_FRESH = 0, 12345
 
 
@@ -71,7 +69,7 @@ def plain_differing(model) -> list[str]:
 def eval_output(model, batch):
     import torch
 
-    from .inputs import call, floating_tensors
+    from ..batch import call, floating_tensors
 
     was = model.training
     model.eval()
@@ -186,98 +184,11 @@ def _torch_save_round_trip(source, example) -> dict:
             "load_error": error}
 
 
-# --- where the cause is in the user's code (in the parent, from one bare instance) ----------
-
-def user_line(filename: str, lineno: int, func: str, where: dict | None = None) -> str:
-    """`file.py:12: text`; code shipped to the ranks by value (`<dynamic-code...>`) is named
-    by its file through `where` ({function name: (file, first, last)})."""
-    import linecache
-
-    from .frames import short_file
-
-    if filename.startswith("<dynamic-code") and func in (where or {}):
-        real, first, last = where[func]
-        filename = real if first <= lineno <= last else filename
-    text = linecache.getline(filename, lineno).strip()
-    return f"{short_file(filename)}:{lineno}: {text}" if text else ""
-
-
-def code_of(fn) -> dict:
-    """{function name: (file, first line, last line)} of `fn` (the user's parallelize), as
-    frames.code_map gives for the module's methods."""
-    code = getattr(fn, "__code__", None)
+def phase(subject):
+    """(None, findings of the registry's roundtrip check): under DDP, the round trip in this
+    process, as a DDP user saves (`torch_save_round_trip`); no launch."""
     try:
-        lines, first = inspect.getsourcelines(code)
-    except (OSError, TypeError):
-        return {}
-    return {code.co_name: (code.co_filename, first, first + len(lines) - 1)}
-
-
-def _class_lines(module):
-    """(file, first line, lines) of the user's classes in `module`'s MRO (not torch's)."""
-    for cls in type(module).__mro__:
-        if cls.__module__.split(".")[0] in ("torch", "builtins"):
-            continue
-        try:
-            lines, first = inspect.getsourcelines(cls)
-            yield inspect.getsourcefile(cls), first, lines
-        except (OSError, TypeError):
-            continue
-
-
-def _find(module, pattern: re.Pattern) -> str:
-    from .frames import short_file
-
-    for path, first, lines in _class_lines(module):
-        for i, text in enumerate(lines):
-            if pattern.search(text):
-                return f"{short_file(path)}:{first + i}: {text.strip()}"
-    return ""
-
-
-HOOK = re.compile(r"(_register_state_dict_hook|register_state_dict_post_hook)\(")
-
-
-STORE = re.compile(r"\]\s*=[^=]")  # state_dict[key] = ...: where a hook puts its tensor
-
-
-def hook_sites(model) -> dict:
-    """{module name: (the hook's line storing a tensor into the state dict, or "", the line
-    registering the hook)} for modules that have a state-dict hook."""
-    return {n: (_hook_store(m), _find(m, HOOK)) for n, m in model.named_modules()
-            if m._state_dict_hooks}
-
-
-def _hook_store(module) -> str:
-    from .frames import short_file
-
-    for hook in module._state_dict_hooks.values():
-        fn = getattr(hook, "func", hook)  # a functools.partial
-        fn = getattr(fn, "__func__", fn)  # a bound method
-        try:
-            lines, first = inspect.getsourcelines(fn)
-            path = inspect.getsourcefile(fn)
-        except (OSError, TypeError):
-            continue
-        for i, text in enumerate(lines):
-            if STORE.search(text):
-                return f"{short_file(path)}:{first + i}: {text.strip()}"
-    return ""
-
-
-def buffer_site(model, name: str) -> str:
-    """The line registering buffer `name` ("a.b.stats"), found in its module's class."""
-    owner, _, short = name.rpartition(".")
-    try:
-        module = model.get_submodule(owner)
-    except AttributeError:
-        return ""
-    return _find(module, re.compile(r"register_buffer\(\s*['\"]" + re.escape(short) + "['\"]"))
-
-
-def sites(model) -> dict:
-    """What the parent knows about the user's lines: hooks and non-persistent buffers."""
-    persistent = set(model.state_dict())
-    return {"hooks": hook_sites(model),
-            "buffers": {n: buffer_site(model, n) for n, _ in model.named_buffers()
-                        if n not in persistent}}
+        record = {"round_trip": torch_save_round_trip(subject.source, subject.example)}
+    except Exception as exc:  # e.g. a forward that needs a process group: the check says so
+        record = {"round_trip_error": f"{type(exc).__name__}: {str(exc)[:200]}"}
+    return None, judge("roundtrip", Evidence([record], subject=subject))

@@ -72,8 +72,8 @@ def _is_script(target: str) -> bool:
 
 
 def run_script(args) -> int:
-    from ..inputs import DoctorBug
-    from .script_mode import WatchScriptError, exit_status, watch_script
+    from ..errors import DoctorBug
+    from .script import WatchScriptError, exit_status, watch_script
 
     nproc = args.nproc_per_node if args.nproc_per_node is not None else args.world_size
     try:
@@ -104,7 +104,7 @@ def run(args) -> int:
         print("ddp-lab watch: a step function (path:NAME) needs --model path:Factory; to watch a "
               "whole script, give its path alone (train.py)", file=sys.stderr)
         return 2
-    from ..inputs import DoctorInputError
+    from ..errors import DoctorInputError
     from ..loader import load_target
     from . import WatchInputError, watch
 

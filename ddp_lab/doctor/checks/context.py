@@ -1,6 +1,7 @@
-"""What a check of watch's script mode works with: `Context` on each rank (where the user's
-script runs unchanged and the checks attach from outside), `Evidence` in the parent (what the
-ranks recorded, and the launch itself).
+"""`Context`: what a check works with on each rank of a watched run (where the user's script, or
+the function API's train_step, runs unchanged and the checks attach from outside), and how a
+rank's records are written (JSON lines, as it goes) and read back (`read_records`). The keys a
+rank records are listed in api.py (RANK_KEYS).
 
 A step of the user's loop ends when an optimizer's `step()` returns (PyTorch's global
 `register_optimizer_step_post_hook`): step k runs from the end of step k-1 (or the script's start)
@@ -12,7 +13,6 @@ the script imports it).
 from __future__ import annotations
 
 import json
-import linecache
 import os
 import sys
 import threading
@@ -21,9 +21,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from ..frames import ScriptFiles
+from ..userline import describe
+
 KEEP = 500  # items kept per `add` key (the newest are dropped: the first are the evidence)
 STEPS_KEPT = 100_000
-_HOME = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # ddp_lab/
 
 
 @dataclass
@@ -41,13 +43,10 @@ class Context:
 
     def __init__(self, script: str, records_path: str | None = None, folders=(),
                  dynamic: bool = False):
-        self.script = os.path.abspath(script)
-        self.folder = os.path.dirname(self.script)
-        # where the user's code lives: the script's folder (the function API: its functions')
-        self.folders = tuple(dict.fromkeys([self.folder, *map(os.path.abspath, folders)]))
-        # The function API's code travels to the ranks by value (cloudpickle names its file
-        # "<dynamic-code>"): it is the user's, named again in the parent (restore_where).
-        self.dynamic = dynamic
+        # where the user's code lives: the script's folder (the function API: its functions';
+        # its code travels to the ranks by value, "<dynamic-code>", named again in the parent)
+        self.files = ScriptFiles(script, folders, dynamic)
+        self.script, self.folder = self.files.script, self.files.folder
         self.rank = int(os.environ.get("RANK", "0"))
         self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
         self.step = 0
@@ -65,7 +64,7 @@ class Context:
         self._stepping_optimizer = None
         self.steps_by_optimizer = True  # the function API ends a step when train_step returns
         self.group_started = False
-        self.mode = None  # the TorchFunctionMode serving on_torch_function (script_mode)
+        self.mode = None  # the TorchFunctionMode serving on_torch_function (watch/core.py)
         self.finished = False
         self._write({"step": 0, "begin": self.steps[0]["begin"]})
 
@@ -102,7 +101,7 @@ class Context:
         """`fn(func, args, kwargs, result)` after any of `funcs` (torch functions or Tensor
         methods, e.g. torch.Tensor.item, torch.nn.functional.cross_entropy) returns, called
         from eager code (never while torch.compile traces; never for the checks' own calls).
-        One TorchFunctionMode serves every check (core: script_mode.FunctionWatch)."""
+        One TorchFunctionMode serves every check (core: core.FunctionWatch)."""
         for f in funcs:
             self._functions.setdefault(f, []).append(fn)
 
@@ -158,25 +157,11 @@ class Context:
 
     # --- where in the user's code ----------------------------------------------------------
     def is_user_file(self, filename: str) -> bool:
-        if filename.startswith("<dynamic-code"):
-            return self.dynamic
-        name = os.path.abspath(filename)
-        if name != self.script and not any(name.startswith(f + os.sep) for f in self.folders):
-            return False
-        return not any(s in name for s in (os.sep + "site-packages" + os.sep, _HOME + os.sep))
+        return self.files.holds(filename)
 
     def user_frame(self, frame=None):
         """(file, line number, the line's text) of the innermost frame in the user's files."""
-        frame = frame or sys._getframe(1)
-        while frame is not None:
-            name = frame.f_code.co_filename
-            if self.is_user_file(name):
-                if name.startswith("<dynamic-code"):  # named in the parent: restore_where
-                    code = frame.f_code
-                    return f"<dynamic-code:{getattr(code, 'co_qualname', code.co_name)}>", frame.f_lineno, ""
-                return name, frame.f_lineno, linecache.getline(name, frame.f_lineno).strip()
-            frame = frame.f_back
-        return None
+        return self.files.frame(frame or sys._getframe(1))
 
     def user_line(self, frame=None) -> str:
         """"train.py:42: loss.backward()", or "" when no frame of the stack is the user's."""
@@ -227,58 +212,6 @@ def class_name(module) -> str:
     return cls.__name__
 
 
-def describe(filename: str, lineno: int, text: str | None = None) -> str:
-    """"train.py:42: loss.backward()" (the line's text read from the file unless given)."""
-    if filename.startswith("<dynamic-code"):
-        return f"{filename}:{lineno}: {text or ''}"
-    from ..frames import short_file  # a notebook cell's file is named "<notebook cell>"
-
-    if text is None:
-        text = linecache.getline(filename, lineno).strip()
-    return f"{short_file(filename)}:{lineno}: {text}"
-
-
-_DYNAMIC = __import__("re").compile(r"<dynamic-code:([^>]+)>:(\d+): ?")
-
-
-def code_files(*objects) -> dict[str, str]:
-    """{qualified name: file} of the user's functions and classes' methods: `objects` and every
-    function or class in their modules' globals (a notebook's cells, a loaded file)."""
-    import inspect
-
-    out: dict[str, str] = {}
-    seen = set()
-
-    def add(obj):
-        if id(obj) in seen:
-            return
-        seen.add(id(obj))
-        code = getattr(obj, "__code__", None)
-        if code is not None and not code.co_filename.startswith("<"):
-            out.setdefault(getattr(code, "co_qualname", code.co_name), code.co_filename)
-        if inspect.isclass(obj):
-            for value in vars(obj).values():
-                add(getattr(value, "__func__", value))
-    for obj in objects:
-        if obj is None:
-            continue
-        add(obj)
-        for value in list(getattr(obj, "__globals__", {}).values()):
-            if inspect.isfunction(value) or inspect.isclass(value):
-                add(value)
-    return out
-
-
-def restore_where(text: str, files: dict[str, str]) -> str:
-    """"<dynamic-code:train_step>:75: " -> "cell.py:75: loss = ..." where `files` knows it."""
-    def named(m):
-        path = files.get(m.group(1))
-        if path is None:
-            return f"{m.group(1)}, line {m.group(2)}: "
-        return describe(path, int(m.group(2)))
-    return _DYNAMIC.sub(named, text)
-
-
 def read_records(path: str) -> dict:
     """A rank's records file (JSON lines, written as it went) as {key: value}, with "steps"."""
     out: dict[str, Any] = {}
@@ -302,35 +235,3 @@ def read_records(path: str) -> dict:
             s.update({k: v for k, v in item.items() if k in ("begin", "end")})
     out["steps"] = [steps[k] for k in sorted(steps)]
     return out
-
-
-class Evidence:
-    """What a check's `judge` reads: `ranks` (per rank, {key: value} as emitted, with "steps"),
-    `run` (the launch's RunResult; None under torchrun), the script and the world size."""
-
-    def __init__(self, ranks: list[dict], run=None, script: str = "", world_size: int = 0,
-                 args: tuple = ()):
-        self.ranks = ranks
-        self.run = run
-        self.script = script
-        self.args = tuple(args)
-        self.world_size = world_size or len(ranks)
-
-    def steps(self, rank: int) -> list[dict]:
-        return self.ranks[rank].get("steps", []) if rank < len(self.ranks) else []
-
-    def step_at(self, rank: int, when: float) -> int | None:
-        """The step rank `rank` was in at wall-clock time `when`."""
-        found = None
-        for i, s in enumerate(self.steps(rank)):
-            if s.get("begin") is not None and s["begin"] <= when:
-                found = i
-        return found
-
-    @staticmethod
-    def same(values, rel: float = 1e-5) -> bool:
-        values = list(values)
-        if not values:
-            return True
-        ref = values[0]
-        return all(abs(v - ref) <= rel * max(1.0, abs(ref)) for v in values)

@@ -1,10 +1,10 @@
-"""The registry's check compile_settings (ddp_lab/doctor/checks/compile_settings.py): the doctor
+"""The registry's check compiled for the doctor (ddp_lab/doctor/checks/compiled.py, _compiled_module.py): the doctor
 compiles as the user compiles. Each code on a module that has the bug (the doctor corpus's broken
 cases, tests/corpus/doctor/1*) and on its fix (no error or warning from this check): the error
 fullgraph=True gives, with the line at fault in Finding.where (the hook's registration, not
 forward's call), and the recompiles dynamic=False gives. Then on modules written
-here: graph-break-in-module, ranks-compile-different-graphs, fails-under-compile and
-same-batch-recompiles-after-first-step."""
+here: graph-break, ranks-compile-differently, fails-under-compile and
+recompiles-after-first-step."""
 from __future__ import annotations
 
 import inspect
@@ -17,8 +17,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ddp_lab.doctor import doctor
-from ddp_lab.doctor.checks import Check
-from ddp_lab.doctor.checks.compile_settings import CHECK
+from ddp_lab.doctor.checks.api import Check
+from ddp_lab.doctor.checks.compiled import CHECK
 from ddp_lab.doctor.loader import eval_input, load_target
 from conftest import corpus_score
 
@@ -41,16 +41,16 @@ def ours(report, severities=("error", "warning")):
     return [f for f in report.findings if f.code in CHECK.codes and f.severity in severities]
 
 
-def test_the_check_is_one_registry_entry_for_the_doctor():
-    assert isinstance(CHECK, Check) and CHECK.name == "compile_settings"
-    assert CHECK.tools == ("doctor",) and CHECK.lesson == "15"
-    assert CHECK.codes["compile-fullgraph-failed"] == "error"
-    assert Path(CHECK.tests).name == Path(__file__).name
+def test_the_check_is_one_registry_entry_for_the_doctor_and_watch():
+    assert isinstance(CHECK, Check) and CHECK.name == "compiled"
+    assert CHECK.tools == ("watch", "doctor") and CHECK.lesson == "15"
+    assert CHECK.codes["fullgraph-failed"] == "error"
+    assert Path(__file__).name in [Path(t).name for t in CHECK.tests]
 
 
 def test_fullgraph_and_a_module_backward_hook_is_an_error_at_the_registration():
     report, case, fault = run_case("10_fullgraph_backward_hook", "broken")
-    [f] = [f for f in report.errors if f.code == "compile-fullgraph-failed"]
+    [f] = [f for f in report.errors if f.code == "fullgraph-failed"]
     assert f.lesson == "15"
     assert "Module-level backwards hooks require compiled autograd" in f.title
     assert f.where == f"broken.py:{fault}: {case['fault']}", f.where  # not forward's call
@@ -62,7 +62,7 @@ def test_without_fullgraph_the_hook_is_a_graph_break_named_at_its_registration()
     folder = CORPUS / "10_fullgraph_backward_hook"
     model, _ = load_target(f"{folder / 'broken.py'}:Net")
     report = doctor(model, torch.randn(4, 16), compile=True, timeout=60)
-    [f] = [f for f in report.warnings if f.code == "graph-break-in-module"]
+    [f] = [f for f in report.warnings if f.code == "graph-break"]
     line = next(i for i, ln in enumerate((folder / "broken.py").read_text().splitlines(), 1)
                 if "self.register_full_backward_hook(log_grad)" in ln)
     assert f.where == f"broken.py:{line}: self.register_full_backward_hook(log_grad)", f.where
@@ -78,7 +78,7 @@ def test_a_hook_on_the_weight_instead_compiles_in_one_graph():
 @pytest.mark.parametrize("slug", ["11_fullgraph_item_branch", "12_fullgraph_print_in_forward"])
 def test_fullgraph_fails_at_the_line_dynamo_cannot_trace(slug):
     report, case, fault = run_case(slug, "broken")
-    [f] = [f for f in report.errors if f.code == "compile-fullgraph-failed"]
+    [f] = [f for f in report.errors if f.code == "fullgraph-failed"]
     assert f.where == f"broken.py:{fault}: {case['fault']}", f.where
     assert f.evidence[0].startswith("PyTorch (")
 
@@ -91,7 +91,7 @@ def test_the_traceable_forward_passes_fullgraph(slug):
 
 def test_a_python_counter_under_dynamic_false_recompiles_every_step_at_its_line():
     report, case, fault = run_case("13_recompiles_counter_dynamic_false", "broken")
-    [f] = [f for f in report.warnings if f.code == "same-batch-recompiles-every-step"]
+    [f] = [f for f in report.warnings if f.code == "recompiles-every-step"]
     assert f.where == f"broken.py:{fault}: {case['fault']}", f.where
     assert any(e.startswith("dynamic=False") for e in f.evidence)
 
@@ -145,23 +145,23 @@ class Small(nn.Module):
 
 def test_ranks_with_another_length_compile_another_graph_named_by_its_line():
     report = doctor(MergesPairs, torch.randn(4, 12, 16), compile=True, timeout=60)
-    [f] = [f for f in report.findings if f.code == "ranks-compile-different-graphs"]
+    [f] = [f for f in report.findings if f.code == "ranks-compile-differently"]
     assert f.lesson == "15" and f.severity == "warning"
     line = line_of(MergesPairs, "F.pad(")
-    expected = f"test_compile_settings.py:{line} in forward: x = F.pad("
+    expected = f"test_compiled_doctor.py:{line} in forward: x = F.pad("
     assert any(expected in e for e in f.evidence), f.evidence
-    assert f.where.startswith(f"test_compile_settings.py:{line}: x = F.pad("), f.where
+    assert f.where.startswith(f"test_compiled_doctor.py:{line}: x = F.pad("), f.where
     assert report.errors == []
 
 
 def test_a_branch_on_a_tensor_value_is_a_graph_break_at_its_line():
     report = doctor(ClipsLarge, torch.randn(8, 16), compile=True, timeout=60)
-    [f] = [f for f in report.findings if f.code == "graph-break-in-module"]
+    [f] = [f for f in report.findings if f.code == "graph-break"]
     line = line_of(ClipsLarge, "if h.abs().max() > 100")
-    assert any(f"test_compile_settings.py:{line} in forward: if h.abs().max() > 100:" in e
+    assert any(f"test_compiled_doctor.py:{line} in forward: if h.abs().max() > 100:" in e
                for e in f.evidence), f.evidence
     assert "recompiles" not in " ".join(report.codes())  # same batch, nothing to recompile
-    assert f.where == f"test_compile_settings.py:{line}: if h.abs().max() > 100:", f.where
+    assert f.where == f"test_compiled_doctor.py:{line}: if h.abs().max() > 100:", f.where
 
 
 def test_a_bucket_smaller_than_ddps_first_fails_only_under_compile():
@@ -192,9 +192,9 @@ class StartsOnce(nn.Module):
 
 def test_state_that_changes_once_recompiles_after_the_first_step_only():
     report = doctor(StartsOnce, torch.randn(8, 16), compile=True, timeout=60)
-    [f] = [f for f in report.warnings if f.code == "same-batch-recompiles-after-first-step"]
+    [f] = [f for f in report.warnings if f.code == "recompiles-after-first-step"]
     assert any("guard that failed" in e and "started" in e for e in f.evidence), f.evidence
-    assert "same-batch-recompiles-every-step" not in report.codes()
+    assert "recompiles-every-step" not in report.codes()
 
 
 def test_a_module_without_python_state_compiles_once():

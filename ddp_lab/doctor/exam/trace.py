@@ -4,50 +4,15 @@ without a device, `nn.Parameter`s created in `forward`, collectives called from 
 Functions in the graph, and the warnings PyTorch gave. Everything is reported as plain data."""
 from __future__ import annotations
 
-import linecache
-import sys
 import warnings
 from contextlib import ExitStack, contextmanager
 
-from ..instruments.probes import Timeline, record_collectives
-from .frames import DOCTOR, PROBES, ours, ours_not_lessons, short_file
+from ...instruments.probes import Timeline, record_collectives
+from ..frames import user_frame
 from .regions import watch_checkpoints
 
 FACTORIES = {"zeros", "ones", "empty", "full", "rand", "randn", "randint", "arange", "linspace",
              "logspace", "eye", "tensor", "as_tensor", "zeros_like", "ones_like"}
-_NOT_THE_USERS = ("/torch/", "/contextlib.py", "/warnings.py", "/functools.py", "<frozen")
-
-
-def skipped(name: str, skip: tuple[str, ...] = ()) -> bool:
-    """A frame that is neither the user's nor the doctor's decision: torch's, Python's, the
-    doctor's watchers' (and `skip`: parts of file names)."""
-    return any(s in name for s in _NOT_THE_USERS + skip) or ours.in_places(name, (DOCTOR, PROBES))
-
-
-def describe_frame(filename: str, lineno: int, qualname: str) -> str:
-    """`Net.forward (net.py:12): code`; code shipped by value (a notebook's, a loaded file's)
-    has no file name on the rank: `Net.forward, line 12`."""
-    filename = filename.replace("\\", "/")
-    if filename.startswith("<dynamic-code"):
-        return f"{qualname}, line {lineno}"
-    code = linecache.getline(filename, lineno).strip()
-    return f"{qualname} ({short_file(filename)}:{lineno}){': ' + code if code else ''}"
-
-
-def user_frame(frame=None, skip: tuple[str, ...] = ()) -> str:
-    """The innermost frame of the stack (from `frame`, else the caller's) outside torch and
-    `skip`, described; "" when that frame is the doctor's own (e.g. its loss) or the
-    launcher's, not the user's code."""
-    frame = frame or sys._getframe(1)
-    while frame is not None:
-        name = frame.f_code.co_filename.replace("\\", "/")
-        if not skipped(name, skip):
-            if ours_not_lessons(name) or name == "<string>":
-                return ""
-            code = frame.f_code
-            return describe_frame(name, frame.f_lineno, getattr(code, "co_qualname", code.co_name))
-        frame = frame.f_back
-    return ""
 
 
 def _torch_function_mode():

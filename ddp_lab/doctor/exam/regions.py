@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from contextlib import ExitStack, contextmanager
 
-from ..instruments.modwalk import base_attrs, is_torch_class
+from ...instruments.modwalk import base_attrs, is_torch_class
 
 
 def _rng_state(dev_type: str):

@@ -3,10 +3,10 @@ steps once more, under `torch.compile` as the user compiles (their `fullgraph`, 
 `backend` and `mode`), in one more launch. Each rank builds the module as the DDP phase did
 (seeded apart, its own batch), wraps and compiles it, trains `steps` steps and reports what
 `ddp_lab.instruments.compilewatch.CompileWatch` saw, and where module-level backward hooks were
-registered (`BackwardHookSites`). The findings are the registry's check `compile_settings`
-(doctor/checks/compile_settings.py): an error where the user's settings fail (fullgraph), graph
-breaks, recompiles with the same batch, ranks that compile different graphs, each naming the
-user's line.
+registered (`BackwardHookSites`). The findings are the registry's check `compiled`
+(doctor/checks/compiled.py, one check for the doctor and watch): an error where the user's
+settings fail (fullgraph), graph breaks, recompiles with the same batch, ranks that compile
+different graphs, each naming the user's line.
 
 How it compiles: `torch.compile(DDP(model))`, or `DDP(torch.compile(model))` under fullgraph
 (DDP's own forward breaks the graph, torch/nn/parallel/distributed.py:1757
@@ -16,14 +16,16 @@ without one the graphs run on aot_eager and the report's note says so.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import replace
 
-from .frames import OWN as _OWN_PLACES
-from .inputs import DoctorInputError
+from ...launching.launcher import launch
+from ..checks import judge
+from ..checks.api import Evidence
+from ..errors import DoctorInputError
+from ..frames import SLASHED_OWN as OWN  # as CompileWatch matches a frame's path
+from ..sync import records
+from ..userline import code_ranges
 
-OWN = tuple("/" + place for place in _OWN_PLACES)  # as CompileWatch matches a frame's path
-LESSON = "15"
 # seconds the compile launch gets at least: a first compile takes a rank about a second on an
 # idle 2-core machine and over 20 s at load average 11; the DDP phase, which ran first, already
 # caught a module that hangs
@@ -88,26 +90,30 @@ def note(settings: dict, steps: int) -> str:
             "set from outside) cannot show here: `ddp-lab watch` runs your own script for that")
 
 
-def probe(source, example, steps: int, loss, amp, ddp_kwargs, plan, settings) -> dict:
+def probe(subject) -> dict:
     """One rank: the module under DDP and torch.compile with the user's settings, `steps` steps
     on this rank's batch. Where backward hooks were registered is emitted before the first step,
     so it comes back even when compiling raises."""
     import torch
 
-    from ..instruments.compilewatch import BackwardHookSites, CompileWatch
-    from ..launching.rankinfo import device, rank_info
+    from ...instruments.compilewatch import BackwardHookSites, CompileWatch
+    from ...launching.rankinfo import device, rank_info
     from .dynamic import SEED, wrap
-    from .inputs import autocast, call, move
+    from ..batch import call, move
+    from .inputs import autocast
     from .randomness import seed_all
     from .shapes import rank_batch
-    from .sync import emit
+    from ..sync import emit
 
+    source, example, steps, loss, amp = (subject.source, subject.example, subject.steps,
+                                         subject.loss, subject.amp)
+    settings, ddp_kwargs = subject.compile, subject.ddp_kwargs
     rank, dev = rank_info().rank, device()
     seed_all(SEED + rank)
     with BackwardHookSites(OWN) as sites:
         model = source.build().to(dev)
     emit("hook_sites", sites.sites)
-    batch = move(rank_batch(example, rank, plan), dev)
+    batch = move(rank_batch(example, rank, subject.plan), dev)
     torch.compiler.reset()
     with CompileWatch(own=OWN, compiler=settings["run"], mode=settings["mode"],
                       dynamic=settings["dynamic"]) as watch:
@@ -128,99 +134,16 @@ def probe(source, example, steps: int, loss, amp, ddp_kwargs, plan, settings) ->
     return {"summary": watch.summary(), "graphs": watch.graphs, "lines": watch.lines}
 
 
-@dataclass
-class CompileEvidence:
-    """What the compile launch brought back, for the registry's judge: per rank, its value
-    (summary, graphs, lines; {} when it raised) and records (hook_sites); the launch itself."""
-
-    ranks: list[dict]
-    run: Any
-    steps: int
-    settings: dict
-    where: dict = field(default_factory=dict)  # frames.code_map of the module
-
-
-def compiled_findings(source, example, steps, loss, amp, ddp_kwargs, plan, world_size, timeout,
-                      where, settings=None):
-    """Launch `probe` on `world_size` ranks; the findings of the registry's compile_settings
-    check. `where` is frames.code_map of the module (names code shipped by value)."""
-    from ..launching.launcher import launch
-    from .checks import registry  # the registry's entry (found by pkgutil: compile_settings
-    from .sync import records     # imports this module, and the layers allow no cycle)
-
-    settings = settings or settings_of(True)
-    run = launch(probe, source, example, steps=steps, loss=loss, amp=amp, ddp_kwargs=ddp_kwargs,
-                 plan=plan, settings=settings, world_size=world_size,
-                 timeout=max(timeout, COMPILE_TIMEOUT), grace=2.0, label="doctor compile")
+def phase(subject):
+    """(RunResult, findings of the registry's compiled check): the DDP steps again under
+    torch.compile with `subject.compile`, DDP with `subject.ddp_kwargs` (run.py turns on
+    find_unused_parameters where the DDP phase found parameters without gradient)."""
+    subject = replace(subject, compile=subject.compile or settings_of(True),
+                      timeout=max(subject.timeout, COMPILE_TIMEOUT))
+    run = launch(probe, subject, world_size=subject.world_size, timeout=subject.timeout,
+                 grace=2.0, label="doctor compile")
     ranks = [{**records(r.stdout), **(r.value if r.status == "ok" and isinstance(r.value, dict)
                                       else {})} for r in run.ranks]
-    return registry()["compile_settings"].judge(
-        CompileEvidence(ranks, run, steps, settings, code_ranges(source, where)))
-
-
-def code_ranges(source, where: dict | None) -> dict[str, list[tuple[str, int, int]]]:
-    """{function name: [(file, first line, last line), ...]}: `where` (frames.code_map, one per
-    name) and every function and method of the Python modules that define the user's module
-    classes, so that code shipped by value (`<dynamic-code>`, which keeps its line numbers) is
-    named even when two classes both have an `__init__`, or a helper function registers a hook."""
-    import inspect
-    import sys
-
-    out: dict[str, list] = {}
-    for name, span in (where or {}).items():
-        out.setdefault(name, []).append(span)
-    try:
-        names = {type(m).__module__ for m in source.build().modules()}
-    except Exception:  # the DDP phase built it; nothing more to learn here
-        return out
-    for modname in sorted(n for n in names if n.split(".")[0] not in ("torch", "builtins")):
-        for obj in list(vars(sys.modules.get(modname) or object).values()):
-            if inspect.isclass(obj) and obj.__module__ == modname:
-                functions = list(vars(obj).values())
-            else:
-                functions = [obj] if inspect.isfunction(obj) else []
-            for fn in functions:
-                code = getattr(getattr(fn, "__func__", fn), "__code__", None)
-                try:
-                    lines, first = inspect.getsourcelines(code)
-                except (OSError, TypeError):
-                    continue
-                span = (code.co_filename, first, first + len(lines) - 1)
-                if span not in out.setdefault(code.co_name, []):
-                    out[code.co_name].append(span)
-    return out
-
-
-def place(at: str, where: dict | None) -> str:
-    """`file:line in fn: code` for a CompileWatch location, the file named even for code shipped
-    by value (`<dynamic-code...>`), the path shortened so the report does not vary by machine."""
-    line = _located(at, where)
-    if not line:
-        return at
-    path, n, fn, code = line
-    return f"{path}:{n} in {fn}" + (f": {code}" if code else "")
-
-
-def user_line(at: str, where: dict | None) -> str:
-    """The same location as Finding.where gives it: `file:line: code`."""
-    line = _located(at, where)
-    if not line:
-        return ""
-    path, n, _, code = line
-    return f"{path}:{n}" + (f": {code}" if code else "")
-
-
-def _located(at: str, where: dict | None):
-    import linecache
-    import re
-
-    from .trace import short_file
-
-    m = re.match(r"(.+):(\d+) in (\S+)$", at or "")
-    if not m:
-        return None
-    path, line, fn = m.group(1), int(m.group(2)), m.group(3)
-    if path.startswith("<dynamic-code") and fn in (where or {}):
-        spans = where[fn] if isinstance(where[fn], list) else [where[fn]]
-        path = next((real for real, first, last in spans if first <= line <= last), path)
-    return short_file(path), line, fn, linecache.getline(path, line).strip()
+    ev = Evidence(ranks, run, world_size=subject.world_size, subject=subject,
+                  where=code_ranges(subject.source, subject.where))
+    return run, judge("compiled", ev)
