@@ -18,7 +18,7 @@ import os
 from ...launching.results import SIMULTANEOUS, peer_gone
 from ...launching.sanitize import sanitize
 from .api import Check, Finding, brief
-from .collectives import TIMED_OUT
+from ._collectives_judge import TIMED_OUT
 
 
 def _errors(ev) -> dict:
