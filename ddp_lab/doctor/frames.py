@@ -224,3 +224,33 @@ def last_frames(exc: BaseException, n: int = 3) -> str:
              and ("/torch/" not in f.filename.replace("\\", "/") or f is tb[-1])][-n:]
     return "\n".join(f'  File "{short_file(f.filename)}", line {f.lineno}, in {f.name}'
                      + (f"\n    {f.line.strip()}" if f.line else "") for f in found)
+
+
+# --- frames of the framework: what they do is not the user's decision -------------------------
+
+FRAMEWORK = ("/torch/distributed/", "/torch/nn/parallel/", "/torch/optim/")  # their writes are theirs
+OPTIMIZERS = ("/torch/optim/", "/deepspeed/", "/torch/distributed/")  # their reads are theirs
+
+
+def first_of(frame, holds) -> str:
+    """Walking out from `frame`: "user" when a frame of the user's files (`holds(filename)`)
+    comes first, "theirs" when one of torch's that writes parameters (DDP's and FSDP's copies,
+    the optimizer's update) does, "" when neither does."""
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if holds(name):
+            return "user"
+        if any(s in name.replace("\\", "/") for s in FRAMEWORK):
+            return "theirs"
+        frame = frame.f_back
+    return ""
+
+
+def in_optimizer(frame) -> bool:
+    """Whether an optimizer (or DeepSpeed, or torch.distributed) is on the stack from `frame`."""
+    while frame is not None:
+        name = frame.f_code.co_filename.replace("\\", "/")
+        if any(s in name for s in OPTIMIZERS):
+            return True
+        frame = frame.f_back
+    return False

@@ -9,6 +9,8 @@ from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from typing import Any
 
+from ..course.registry import lessons
+from .render import report_html, report_text
 from .strategies import strategies_of
 
 SEVERITIES = ("error", "warning", "info")
@@ -16,8 +18,6 @@ SEVERITIES = ("error", "warning", "info")
 
 @lru_cache(maxsize=1)
 def _error_classes() -> dict[str, str]:
-    from ..course.registry import lessons  # the doctor reads the registry; never the reverse
-
     return {lid: lesson.error_class for lid, lesson in lessons().items() if lesson.error_class}
 
 
@@ -143,16 +143,12 @@ class Report:
         return json.dumps(self.to_dict(), indent=indent)
 
     def text(self, traces: bool = False) -> str:
-        from .render import report_text
-
         return report_text(self, traces=traces)
 
     def __repr__(self) -> str:
         return self.text()
 
     def _repr_html_(self) -> str:
-        from .render import report_html
-
         return report_html(self)
 
 

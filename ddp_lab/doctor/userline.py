@@ -26,6 +26,14 @@ def short_file(path: str) -> str:
     return "<notebook cell>" if _CELL.match(path) else os.path.basename(path)
 
 
+def short_paths(text: str) -> str:
+    """Machine paths out of PyTorch's words: torch's files as torch/..., others by name."""
+    def one(m):
+        path = m.group(0)
+        return path.split("site-packages/", 1)[1] if "site-packages/" in path else os.path.basename(path)
+    return re.sub(r"(?<![\w.])/(?:[\w.+-]+/)+[\w.+-]+", one, text or "")
+
+
 def text_of(path: str, lineno: int) -> str:
     return linecache.getline(path, lineno).strip()
 

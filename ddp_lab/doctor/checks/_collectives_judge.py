@@ -6,16 +6,16 @@ from __future__ import annotations
 import os
 import re
 
+from ...launching import divergence
 from ...launching.results import peer_gone
 from ..frames import script_frames
 from ..userline import describe
 from ._collectives_loop import inside_loop, loop_exit
-from .api import KEEP, Finding
+from .api import KEEP, TIMED_OUT, Finding
 
 KEY = "collective-calls"
 
 
-TIMED_OUT = re.compile(r"Timed out waiting|timed out|Timeout", re.I)
 
 
 def _position(ev, r: int, folder: str):
@@ -52,7 +52,6 @@ def _hook_parting(calls: dict):
 def _flight_parting(ev):
     if ev.run is None:
         return None
-    from ...launching import divergence
 
     parted = divergence.find(ev.run.ranks)
     if parted is None:
@@ -127,13 +126,11 @@ def judge(ev):
     where, cause, fix = left or _attribute(entries, positions, calls)
     ev_lines = [_said(ev, r, entries.get(r), *positions[r]) for r in sorted(positions)]
     if flight is not None:
-        from ...launching import divergence
         ev_lines.append(divergence.describe(ev.run.ranks))
         ev_lines.append(_flight_steps(ev, flight))
     ev_lines = [e for e in ev_lines if e] + ([cause] if cause else [])
     trace = ""
     if ev.run is not None:
-        from ...launching import divergence
         trace = divergence.table(ev.run.ranks)
     return [Finding("error", "collectives-differ-between-ranks", "13",
                     "the ranks entered different collectives" + (" and hung" if _hung(ev) else ""),

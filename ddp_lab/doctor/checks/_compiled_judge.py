@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from ._compiled_rank import short
+from ..userline import short_paths
 from .api import Finding
 
 LESSON = "15"
@@ -51,9 +51,9 @@ def _fullgraph(ev) -> list[Finding]:
     if not where:
         where = next((c["fail"]["at"] for c in ev.ranks[rank].get("compiles", [])
                       if c.get("fail", {}).get("at")), "") or err.get("line", "")
-    ev_lines = [f"rank {rank}: PyTorch ({err['type']}): {short(lines[0]) if lines else ''}"]
+    ev_lines = [f"rank {rank}: PyTorch ({err['type']}): {short_paths(lines[0]) if lines else ''}"]
     if "DDP" not in why:  # for DDP's own break PyTorch's hints speak of code that is not the user's
-        ev_lines += [short(f"PyTorch's {h[0].lower()}{h[1:]}") for h in hints]
+        ev_lines += [short_paths(f"PyTorch's {h[0].lower()}{h[1:]}") for h in hints]
     if why:
         ev_lines.append(f"the cause: {why}")
     return [Finding(

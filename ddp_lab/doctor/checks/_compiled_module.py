@@ -3,6 +3,7 @@ the user's own settings (exam/compile_run.py runs it; `compile=True` or `compile
 True, ...}`): what fails, breaks, recompiles with the same batch, or differs between ranks."""
 from __future__ import annotations
 
+from ...instruments.compilewatch import user_frame
 from ..frames import SLASHED_OWN
 from ..userline import at_line, place
 from .api import Finding, brief
@@ -31,8 +32,6 @@ def _hook_sites(ev) -> list[dict]:
 
 
 def _failed(ev) -> Finding:
-    from ...instruments.compilewatch import user_frame
-
     root = ev.run.root_cause
     if root is None or root.error is None:
         return Finding("error", "fails-under-compile", LESSON, "the module could not be trained "

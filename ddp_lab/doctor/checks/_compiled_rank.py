@@ -10,7 +10,7 @@ import os
 import re
 
 from ..frames import in_package
-from ..userline import describe
+from ..userline import describe, short_paths
 
 GRAPH_BREAKS = "torch._dynamo.symbolic_convert.__graph_breaks"  # symbolic_convert.py:222
 HOOK_CALLS = ("register_full_backward_hook", "register_backward_hook",
@@ -49,16 +49,8 @@ def _break(ctx, message: str) -> dict:
         mine = [i for i, (f, _) in enumerate(frames) if ctx.is_user_file(f)]
         if mine and mine[-1] == len(frames) - 2 and in_package(frames[-1][0]):
             where = describe(frames[mine[-1]][0], int(frames[mine[-1]][1]))
-    return {"step": ctx.step, "reason": short(head), "explain": short(explain)[:300],
+    return {"step": ctx.step, "reason": short_paths(head), "explain": short_paths(explain)[:300],
             "where": where}
-
-
-def short(text: str) -> str:
-    """Machine paths out of PyTorch's words: torch's files as torch/..., others by name."""
-    def one(m):
-        path = m.group(0)
-        return path.split("site-packages/", 1)[1] if "site-packages/" in path else os.path.basename(path)
-    return re.sub(r"(?<![\w.])/(?:[\w.+-]+/)+[\w.+-]+", one, text or "")
 
 
 def _user_call(ctx, stack) -> str:
@@ -101,7 +93,7 @@ def _compile(ctx, m, step: int, calls: dict) -> dict:
         rec["recompile"] = g
     if m.fail_type:
         at = m.fail_user_frame_filename
-        rec["fail"] = {"type": m.fail_type, "reason": short(m.fail_reason or "").strip()[:600],
+        rec["fail"] = {"type": m.fail_type, "reason": short_paths(m.fail_reason or "").strip()[:600],
                        "at": describe(at, m.fail_user_frame_lineno)
                        if at and m.fail_user_frame_lineno and ctx.is_user_file(at) else ""}
     return rec

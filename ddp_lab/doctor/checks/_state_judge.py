@@ -3,9 +3,7 @@ or a buffer differs between ranks, and the user's line: an edit made on some ran
 change after the wrap (wrapped.py's record), the line that wrote a buffer."""
 from __future__ import annotations
 
-from .api import Finding
-
-CHANGES = "model-changes"  # what checks/wrapped.py records
+from .api import MODEL_CHANGES as CHANGES, Finding  # what checks/wrapped.py records
 
 
 def judge(ev) -> list[Finding]:

@@ -22,16 +22,21 @@ ddp_lab/doctor/userline.py), and nothing of the tools above it.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..report import Finding, Report, brief
 from .context import KEEP, Context, Watched, class_name
 
-__all__ = ["Check", "Context", "Evidence", "Finding", "KEEP", "RANK_KEYS", "Report", "Subject",
-           "TOOLS", "Watched", "brief", "class_name", "digest"]
+__all__ = ["Check", "Context", "Evidence", "Finding", "KEEP", "MODEL_CHANGES", "RANK_KEYS",
+           "Report", "Subject", "TIMED_OUT", "TOOLS", "Watched", "brief", "class_name", "digest"]
 TOOLS = ("watch", "doctor")
 LEVELS = ("error", "warning", "info")
+MODEL_CHANGES = "model-changes"  # the wrapped check's record, which the state check reads too
+# a collective that timed out, as gloo and the script's own process-group timeout say it: a hang,
+# never a root cause (the collectives and raised checks)
+TIMED_OUT = re.compile(r"Timed out waiting|timed out|Timeout", re.I)
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,7 @@ import os
 
 from ...launching.results import SIMULTANEOUS, peer_gone
 from ...launching.sanitize import sanitize
-from .api import Check, Finding, brief
-from ._collectives_judge import TIMED_OUT
+from .api import TIMED_OUT, Check, Finding, brief
 
 
 def _errors(ev) -> dict:

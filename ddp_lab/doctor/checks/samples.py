@@ -25,7 +25,7 @@ import hashlib
 import operator
 
 from ._samples_data import (describe_dataset, describe_sampler, mapper, real_sampler,
-                            decode, encode)
+                            decode, encode)  # noqa: F401 - decode: the tests' reader
 from ._samples_judge import KEY, REFUSED, judge
 from .api import Check
 

@@ -21,11 +21,11 @@ from __future__ import annotations
 import sys
 import time
 
-from ._state_judge import CHANGES, judge
+from ..frames import first_of
+from ._state_judge import judge
 from .api import Check, digest
 
 FIRST, EVERY = 5, 10  # hash steps 0-4, then every 10th: a model's full hash is not free
-FRAMEWORK = ("/torch/distributed/", "/torch/nn/parallel/", "/torch/optim/")  # their writes are theirs
 NOT_EDITS = {"requires_grad_", "share_memory_", "retain_grad_", "record_stream_"}
 
 
@@ -150,11 +150,8 @@ class _Rank:
     def record(self, entry, frame) -> None:
         if entry in self.buffers_named:
             return  # a buffer's writer is named once (BatchNorm writes its stats every forward)
-        scan = frame
-        while scan is not None and not self.ctx.is_user_file(scan.f_code.co_filename):
-            if any(s in scan.f_code.co_filename.replace("\\", "/") for s in FRAMEWORK):
-                return  # DDP's or FSDP's own copies, the optimizer's update
-            scan = scan.f_back
+        if first_of(frame, self.ctx.is_user_file) == "theirs":
+            return  # DDP's or FSDP's own copies, the optimizer's update
         line = self.ctx.user_line(frame)
         if not line:
             return

@@ -1,8 +1,8 @@
 """From what the ranks recorded (sync.records of each rank's stdout) to findings."""
 from __future__ import annotations
 
-from .randomness import random_findings
 from ..report import Finding
+from .randomness import random_findings
 from .static import names
 
 TOL = 1e-6  # parameters DDP keeps in sync are bitwise equal; anything above this drifted

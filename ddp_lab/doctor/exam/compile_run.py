@@ -18,13 +18,20 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from ...instruments.compilewatch import BackwardHookSites, CompileWatch
 from ...launching.launcher import launch
+from ...launching.rankinfo import device, rank_info
+from ..batch import call, move
 from ..checks import judge
 from ..checks.api import Evidence
 from ..errors import DoctorInputError
 from ..frames import SLASHED_OWN as OWN  # as CompileWatch matches a frame's path
-from ..sync import records
+from ..sync import emit, records
 from ..userline import code_ranges
+from .dynamic import SEED, wrap
+from .inputs import autocast
+from .randomness import seed_all
+from .shapes import rank_batch
 
 # seconds the compile launch gets at least: a first compile takes a rank about a second on an
 # idle 2-core machine and over 20 s at load average 11; the DDP phase, which ran first, already
@@ -95,15 +102,6 @@ def probe(subject) -> dict:
     on this rank's batch. Where backward hooks were registered is emitted before the first step,
     so it comes back even when compiling raises."""
     import torch
-
-    from ...instruments.compilewatch import BackwardHookSites, CompileWatch
-    from ...launching.rankinfo import device, rank_info
-    from .dynamic import SEED, wrap
-    from ..batch import call, move
-    from .inputs import autocast
-    from .randomness import seed_all
-    from .shapes import rank_batch
-    from ..sync import emit
 
     source, example, steps, loss, amp = (subject.source, subject.example, subject.steps,
                                          subject.loss, subject.amp)

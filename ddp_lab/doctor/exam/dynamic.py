@@ -7,13 +7,14 @@ from __future__ import annotations
 import gc
 
 from ...instruments.modwalk import graph_holders, state_tensors
-from ...instruments.probes import gather, named_drift
+from ...instruments.probes import gather, named_drift, record_collectives
+from ...launching.rankinfo import ddp_kwargs, device, rank_info
 from ..batch import call, floating_tensors, move
+from ..sync import emit, new_group
 from .inputs import autocast
 from .randomness import seed_all, watch_global_generators, watch_randomness
 from .regions import changed_state, module_state
 from .shapes import rank_batch
-from ..sync import emit, new_group
 from .trace import batchnorm_sizes, custom_functions, watch_forward
 
 SEED = 1000  # rank r builds its module after seeding torch, Python's random and NumPy with
@@ -26,8 +27,6 @@ def probe(subject) -> dict:
     FRESH instance built the same way, so that nothing the dry run did (a first-batch
     initialisation, a lazily built cache) hides what the module does under DDP."""
     import torch
-
-    from ...launching.rankinfo import device, rank_info
 
     source, example, steps, loss, amp = (subject.source, subject.example, subject.steps,
                                          subject.loss, subject.amp)
@@ -87,8 +86,6 @@ def _shapes(model) -> dict:
 
 def wrap(model, dev, settings: dict):
     from torch.nn.parallel import DistributedDataParallel as DDP
-
-    from ...launching.rankinfo import ddp_kwargs
 
     return DDP(model, **{**settings, **ddp_kwargs(dev)})
 
@@ -167,8 +164,6 @@ def eval_collectives(model, batch, amp, dev) -> list[str] | None:
     synchronises only in training lets one rank evaluate alone."""
     import torch
 
-    from ...instruments.probes import record_collectives
-
     model.eval()
     try:
         with torch.no_grad(), record_collectives() as tl, autocast(amp, dev.type):
@@ -209,8 +204,6 @@ def reproduce_unused_error(model, batch, loss, amp, dev, user: dict) -> str | No
 
 def train(ddp, model, batch, loss, amp, steps: int, dev) -> dict:
     import torch
-
-    from ...instruments.probes import record_collectives
 
     opt = torch.optim.Adam([p for p in ddp.parameters() if p.requires_grad], lr=1e-3)
     out: dict = {"collectives": [], "losses": [], "nonfinite_grads": []}

@@ -3,11 +3,12 @@ hang (each rank's stack), a crash. The evidence is the ranks' own: PyTorch's mes
 phase each rank had reached, where in the user's code each one stopped."""
 from __future__ import annotations
 
+from ...launching.divergence import table
 from ...launching.sanitize import sanitize
-from .classify import classify
 from ..errors import DoctorBug
 from ..frames import DOCTOR, ours, tidy, user_frame_in
 from ..report import Finding, brief
+from .classify import classify
 
 PHASES = {
     "build": "while building the module", "dry-run": "in the first forward/backward (no DDP yet)",
@@ -105,7 +106,6 @@ def _hang(result, recs, where: dict | None = None) -> Finding:
     traces = "\n\n".join(f"--- stack of rank {r.rank} ---\n{_main_thread(r.stack_summary())}"
                          for r in result.ranks if r.stack)
     if parted := result.divergence():  # the flight recorder's table, as in the launcher's report
-        from ...launching.divergence import table
 
         ev.append(parted)
         traces = f"--- flight recorder ---\n{table(result.ranks)}\n\n{traces}"

@@ -8,14 +8,13 @@ from __future__ import annotations
 import copy
 import inspect
 import re
-import traceback
 import warnings
 from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ..batch import call, floating_tensors, map_tensors, move, tensors_in
-from ..errors import DoctorBug, DoctorInputError
+from ..batch import call, floating_tensors, map_tensors, tensors_in
+from ..errors import DoctorInputError
 from ..frames import last_frames as _last_frames
 
 AMP_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}

@@ -3,8 +3,8 @@ built and after the training steps, parameters that never change, non-finite num
 collectives per step."""
 from __future__ import annotations
 
-from .analyze import TOL
 from ..report import Finding
+from .analyze import TOL
 from .static import names
 
 SMALL_BATCH = 32  # BatchNorm statistics over fewer values per channel than this are noisy

@@ -4,8 +4,8 @@ the names it explains are left out of the generic findings (measure.py). Where t
 tell, the generic finding says what it saw."""
 from __future__ import annotations
 
-from .analyze import TOL
 from ..report import Finding
+from .analyze import TOL
 from .static import names
 
 

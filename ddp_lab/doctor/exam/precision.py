@@ -7,7 +7,9 @@ in float32, and names the low-precision tables forward built (the user's line).
 """
 from __future__ import annotations
 
+from ..frames import user_frame
 from ..report import Finding
+from ..batch import call, floating_tensors
 
 # Relative (L2) error of the output above which it is more than bf16's rounding: bf16 keeps 8
 # significant bits (unit roundoff 2**-8 = 0.0039); a few layers of it give ~0.01. Measured on
@@ -31,8 +33,6 @@ def reference(model, batch) -> list:
     """The module's floating-point outputs in float32, whole, before it is sharded."""
     import torch
 
-    from .inputs import call, floating_tensors
-
     with torch.no_grad():
         return [t.detach().float().clone() for t in floating_tensors(call(model, batch))]
 
@@ -40,8 +40,6 @@ def reference(model, batch) -> list:
 def relative_error(out, ref: list) -> float:
     """max over the outputs of ||out - ref|| / ||ref|| (float32)."""
     import torch
-
-    from .inputs import floating_tensors
 
     outs = [t.detach().float() for t in floating_tensors(out)]
     errs = [float(torch.linalg.vector_norm(o - r) / torch.linalg.vector_norm(r).clamp_min(1e-30))
@@ -54,8 +52,6 @@ def low_precision_tables():
     (arange, outer, ...) that forward builds in bf16 or fp16."""
     import torch
     from torch.overrides import TorchFunctionMode
-
-    from ..frames import user_frame
 
     low = (torch.bfloat16, torch.float16)
 

@@ -15,9 +15,9 @@ import random
 import sys
 from contextlib import contextmanager
 
+from ..frames import user_frame
 from ..report import Finding
 from .static import names
-from ..frames import user_frame
 
 # torch functions and Tensor methods whose result is a random draw
 DRAWS = {"rand", "randn", "randint", "rand_like", "randn_like", "randint_like", "randperm",

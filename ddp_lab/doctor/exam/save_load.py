@@ -19,9 +19,11 @@ state-dict hook returning copies; a tensor outside the state dict (a non-persist
 """
 from __future__ import annotations
 
+from ..batch import call, floating_tensors
 from ..checks import judge
 from ..checks.api import Evidence
 from ..checks.roundtrip import TOLERANCE
+from .inputs import batch_for, default_loss
 
 SEED_SAVED, SEED_FRESH = 0, 12345
 
@@ -68,8 +70,6 @@ def plain_differing(model) -> list[str]:
 
 def eval_output(model, batch):
     import torch
-
-    from ..batch import call, floating_tensors
 
     was = model.training
     model.eval()
@@ -119,8 +119,6 @@ def fsdp2_round_trip(source, batch, folder: str) -> dict:
     import torch
     from torch.distributed.fsdp import fully_shard
 
-    from .inputs import call, default_loss
-
     def build(seed):
         torch.manual_seed(seed)
         model = source.build()
@@ -158,8 +156,6 @@ def _torch_save_round_trip(source, example) -> dict:
     import io
 
     import torch
-
-    from .inputs import batch_for, call, default_loss
 
     batch = batch_for(example, 0)
     torch.manual_seed(SEED_SAVED)

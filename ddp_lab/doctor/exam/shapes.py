@@ -5,7 +5,8 @@ process, one forward pass with a non-batch dimension cut shorter; the first dime
 accepts is varied between ranks: even ranks get the full length, odd ranks the shorter one."""
 from __future__ import annotations
 
-from .inputs import batch_for, forward_here, map_tensors, tensors_in
+from ..batch import map_tensors, tensors_in
+from .inputs import batch_for, forward_here
 
 TRIES = 3  # forward passes spent looking for a dimension the module lets vary
 

@@ -9,10 +9,18 @@ and runs a forward and backward, keeping PyTorch's (or DeepSpeed's) own message.
 """
 from __future__ import annotations
 
-from ..report import Finding, brief
+from ...instruments.compilewatch import caller
+from ...instruments.deepspeed_ops import require_built
+from ...launching.rankinfo import rank_info
+from ..batch import call
 from ..frames import SLASHED_OWN
+from ..report import Finding, brief
 from ..userline import at_line, code_ranges
+from .inputs import batch_for, default_loss
 from .launch import failure, launch_and_judge
+from .precision import (low_precision_tables, reference, relative_error, same_weights,
+                        table_findings)
+from .save_load import fsdp2_round_trip
 
 STRATEGIES = ("ddp", "fsdp2", "zero3", "tp")  # "tp": tensor_parallel.py
 
@@ -43,8 +51,6 @@ def watched_reads(model, units, batch, own: dict) -> list[tuple[str, str, str]]:
     import torch
     from torch.overrides import TorchFunctionMode
 
-    from ...instruments.compilewatch import caller
-
     names = {id(m): n or "<root>" for n, m in model.named_modules()}
     pnames = {id(p): n for n, p in model.named_parameters()}
     active: list[str] = []
@@ -67,7 +73,6 @@ def watched_reads(model, units, batch, own: dict) -> list[tuple[str, str, str]]:
 
     handles = [h for u in units for h in (u.register_forward_pre_hook(enter),
                                            u.register_forward_hook(leave))]
-    from .inputs import call
     try:
         with Reads():
             call(model, batch)
@@ -92,15 +97,12 @@ def sharded_step(model, units, batch, strategy: str, amp: str | None = None,
     """One forward and backward with the module really sharded; the exception's first line.
     Under FSDP2, `amp` ("bf16"/"fp16") is FSDP2's MixedPrecisionPolicy(param_dtype=...); with
     `seen` (holding "reference": the float32 outputs) the bf16 tables check records into it."""
-    from .inputs import call, default_loss
-
     try:
         if strategy == "fsdp2":
             out = _fsdp2_forward(model, units, batch, amp, seen)
             default_loss(out).backward()
         else:
             if not __import__("torch").cuda.is_available():
-                from ...instruments.deepspeed_ops import require_built
                 require_built()
             import deepspeed
             deepspeed.init_distributed(dist_backend="gloo")
@@ -118,9 +120,6 @@ def _fsdp2_forward(model, units, batch, amp, seen: dict | None):
     import torch
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    from .inputs import call
-    from .precision import low_precision_tables, relative_error
-
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(amp)
     for unit in units:
         fully_shard(unit, mp_policy=MixedPrecisionPolicy(param_dtype=dtype))
@@ -137,9 +136,6 @@ def probe(subject, folder: str = "") -> dict:
     """What one rank sees: ties across units, reads outside a unit's forward, mixed
     requires_grad, and the sharded run's own error; then the round trip into `folder`."""
     import torch
-
-    from ...launching.rankinfo import rank_info
-    from .inputs import batch_for
 
     source, example, strategy, amp = subject.source, subject.example, subject.strategy, subject.amp
     rank = rank_info().rank
@@ -159,15 +155,12 @@ def probe(subject, folder: str = "") -> dict:
              "error": sharded_step(model, units, batch, strategy, amp, seen)}
     (seen or {}).pop("reference", None)  # tensors: only plain data leaves a rank
     if folder and strategy == "fsdp2" and not found["error"]:  # save_load.py
-        from .save_load import fsdp2_round_trip
         found["round_trip"] = fsdp2_round_trip(source, batch, folder)
     return {**found, **(seen or {})}
 
 
 def _bf16_reference(model, batch) -> dict:
     """Rank 0's weights everywhere, and the module's float32 outputs run whole with them."""
-    from .precision import reference, same_weights
-
     same_weights(model)
     return {"reference": reference(model, batch)}
 
@@ -208,8 +201,6 @@ class ParameterSites:
 
         import torch
 
-        from ...instruments.compilewatch import caller
-
         self._original = original = torch.nn.Module.__setattr__
 
         def assigning(module, name, value):
@@ -227,8 +218,6 @@ class ParameterSites:
 
 
 def findings(v: dict, strategy: str, where: dict | None = None) -> list[Finding]:
-    from .precision import table_findings
-
     out = table_findings(v)
     error = [f"{'PyTorch' if strategy == 'fsdp2' else 'DeepSpeed'} said: {brief(v['error'])}"] \
         if v["error"] else []

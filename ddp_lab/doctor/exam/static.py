@@ -6,8 +6,8 @@ from __future__ import annotations
 import inspect
 import re
 
-from ..report import Finding
 from ...instruments.modwalk import Hidden, hidden
+from ..report import Finding
 
 _HARD_DEVICE = re.compile(r"""\.cuda\(|['"]cuda(:\d+)?['"]|device\s*=\s*['"]cpu['"]|"""
                           r"""torch\.device\(\s*['"]cpu['"]""")

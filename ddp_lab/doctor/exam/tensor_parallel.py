@@ -20,6 +20,7 @@ from ..batch import call, floating_tensors, move
 from ..frames import raised_at, user_site
 from .inputs import batch_for, default_loss
 from .launch import failure, launch_and_judge
+from .save_load import dcp_round_trip
 from .tp_plan import as_styles, resolve_plan, style_name
 
 STEPS = 3  # SGD steps compared: a tie broken by the split shows from the second step on
@@ -115,8 +116,6 @@ def probe(source, example, given=None, parallelize=None, folder: str = "") -> di
     (doctor/roundtrip.py) into `folder`; PyTorch's message if the split module fails."""
     import torch
     from torch.distributed.device_mesh import init_device_mesh
-
-    from .save_load import dcp_round_trip
 
     dev, world = device(), rank_info().world_size
     mesh = init_device_mesh(dev.type, (world,))

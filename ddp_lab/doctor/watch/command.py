@@ -8,6 +8,11 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..errors import DoctorBug, DoctorInputError
+from ..loader import load_target
+from . import watch, WatchInputError
+from .script import exit_status, watch_script, WatchScriptError
+
 HELP = "run your training script unchanged on real ranks, checked from outside: state, samples, collectives, checkpoints, logged values, compile"
 _MODULE = f"{__package__.partition('.')[0]}.watch"  # python -m ... under torchrun
 EPILOG = f"""examples:
@@ -56,12 +61,9 @@ def add_commands(sub) -> None:
 
 def _named(spec: str, module):
     """`path:NAME` loaded, or NAME from the step's own file."""
-    from ..loader import load_target
-
     if ":" in spec:
         return load_target(spec)[0]
     if not hasattr(module, spec):
-        from . import WatchInputError
         raise WatchInputError(f"{module.__file__} has no {spec!r}: give it as path/to/file.py:{spec}")
     return getattr(module, spec)
 
@@ -72,9 +74,6 @@ def _is_script(target: str) -> bool:
 
 
 def run_script(args) -> int:
-    from ..errors import DoctorBug
-    from .script import WatchScriptError, exit_status, watch_script
-
     nproc = args.nproc_per_node if args.nproc_per_node is not None else args.world_size
     try:
         report = watch_script(args.target, args.script_args, nproc=nproc, timeout=args.timeout,
@@ -104,9 +103,6 @@ def run(args) -> int:
         print("ddp-lab watch: a step function (path:NAME) needs --model path:Factory; to watch a "
               "whole script, give its path alone (train.py)", file=sys.stderr)
         return 2
-    from ..errors import DoctorInputError
-    from ..loader import load_target
-    from . import WatchInputError, watch
 
     try:
         step, module = load_target(args.target)

@@ -8,9 +8,8 @@ from __future__ import annotations
 import sys
 
 from ..checks.api import digest
-from ..frames import user_frame
+from ..frames import in_optimizer, user_frame
 
-OPTIMIZERS = ("/torch/optim/", "/deepspeed/", "/torch/distributed/")  # their reads are theirs
 
 
 def state_hashes(model, strategy: str) -> dict[str, str]:
@@ -49,15 +48,6 @@ def _sharded_placeholder(p) -> str:
     return ""
 
 
-def _from_optimizer(frame) -> bool:
-    while frame is not None:
-        name = frame.f_code.co_filename.replace("\\", "/")
-        if any(s in name for s in OPTIMIZERS):
-            return True
-        frame = frame.f_back
-    return False
-
-
 def step_watcher(model):
     """A TorchFunctionMode recording, while the step runs: `.losses` (the value of each tensor
     backward ran from) and `.reads` ((parameter, what it was, the user's line) for each read of
@@ -84,7 +74,7 @@ def step_watcher(model):
         def _read(self, p):
             what = _sharded_placeholder(p)
             frame = sys._getframe(2)
-            if what and not _from_optimizer(frame):
+            if what and not in_optimizer(frame):
                 read = (names[id(p)], what, user_frame(frame))
                 if read not in self.reads:
                     self.reads.append(read)

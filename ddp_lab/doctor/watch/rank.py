@@ -7,6 +7,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+from ...instruments.deepspeed_ops import require_built
+from ...launching.rankinfo import device, rank_info
 from ..batch import move
 from ..checks.api import Context
 from ..sync import emit
@@ -35,7 +37,6 @@ def wrap(model, strategy: str, make_optimizer):
         fully_shard(model)
         return model, make_optimizer(model.parameters())
     if not torch.cuda.is_available():
-        from ...instruments.deepspeed_ops import require_built
         require_built()
     import deepspeed
     deepspeed.init_distributed(dist_backend="gloo")
@@ -143,7 +144,7 @@ def _where_defined(*fns) -> list[str]:
     return out
 
 
-def _returned_line(fn) -> str:
+def returned_line(fn) -> str:
     """"file.py:12: return loss.item()": the last return line of the user's function."""
     import ast
     import inspect
@@ -186,8 +187,6 @@ def body(job: StepRun) -> dict:
     import contextlib
 
     import torch
-
-    from ...launching.rankinfo import device, rank_info
 
     step_fn, factory, batches, strategy = job.train_step, job.model, job.batches, job.strategy
     save, evaluate, make_optimizer = job.save, job.evaluate, job.optimizer

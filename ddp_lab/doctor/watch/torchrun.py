@@ -12,6 +12,7 @@ import threading
 import time
 import traceback
 
+from ...launching.torchrun import end_rank
 from ..checks.api import Context, Evidence
 from .core import attach_checks, install_core, record_error, run_path
 from .script import DEFAULT_TIMEOUT, WatchScriptError, build_report, exit_status, validate_script
@@ -90,7 +91,6 @@ def torchrun_main(argv=None) -> int:
             ctx.emit("group_started", ctx.group_started)
             ctx.finish()
             status = _hand_over(ctx, code, opts)
-        from ...launching.torchrun import end_rank
         end_rank(status)
 
     dog = _Watchdog(ctx, opts.timeout, finish)
