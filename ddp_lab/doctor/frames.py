@@ -254,3 +254,8 @@ def in_optimizer(frame) -> bool:
             return True
         frame = frame.f_back
     return False
+
+
+def in_dynamo(traceback: str) -> bool:
+    """Whether torch.compile's dynamo is among a traceback's frames (it raised while tracing)."""
+    return "/torch/_dynamo/" in traceback.replace("\\", "/")

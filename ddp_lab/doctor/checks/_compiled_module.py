@@ -4,7 +4,7 @@ True, ...}`): what fails, breaks, recompiles with the same batch, or differs bet
 from __future__ import annotations
 
 from ...instruments.compilewatch import user_frame
-from ..frames import SLASHED_OWN
+from ..frames import SLASHED_OWN, in_dynamo
 from ..userline import at_line, place
 from .api import Finding, brief
 
@@ -39,7 +39,7 @@ def _failed(ev) -> Finding:
     message = root.error.message.strip()
     first = message.splitlines()[0] if message else ""
     at, _ = user_frame(root.error.traceback + "\n" + root.error.message, SLASHED_OWN)
-    dynamo = "/torch/_dynamo/" in root.error.traceback.replace("\\", "/")
+    dynamo = in_dynamo(root.error.traceback)
     if not (ev.subject.compile["fullgraph"] and dynamo):
         return Finding(
             "error", "fails-under-compile", LESSON,
