@@ -75,7 +75,7 @@ def doctor(model, example_input, *, world_size: int = 2, steps: int = 3,
     subject = Subject(source, example_input, world_size, steps, loss, amp, settings, strategy,
                       plan, tp_plan, parallelize, compiling, timeout, where)
     notes = [loss.describe(out), shapes.describe(example_input, plan, world_size),
-             settings_note(settings), not_exercised(steps, amp)]
+             settings_note(settings), not_exercised(steps, amp, strategy)]
     run, found = examine(subject, notes)
     return Report(source.name, world_size, steps, amp, judged_under(findings + found, strategy),
                   status=run.status, seconds=time.time() - start, run=run, ddp_kwargs=settings,

@@ -39,9 +39,15 @@ def settings_note(settings: dict) -> str:
             "give yours with ddp_kwargs (--ddp)")
 
 
-def not_exercised(steps: int, amp: str | None) -> str:
+def not_exercised(steps: int, amp: str | None, strategy: str = "ddp") -> str:
+    """What the run did not exercise. The checkpoint round trip (save_load.py) saves and reloads
+    the module's state dict under every strategy but zero3; a training loop's checkpoint holds
+    more (the optimizer's state, the RNG states), which no phase saves."""
+    saving = ("saving and loading" if strategy == "zero3" else
+              "saving and loading beyond the module's state dict (the optimizer's state, the RNG "
+              "states; the round trip saved and reloaded the module's state dict)")
     parts = [f"anything after step {steps} (freezing, schedules, warm-up: raise steps, --steps)",
              "evaluation mode (except for collectives)", "gradient accumulation (no_sync)",
-             "saving and loading", "NCCL and GPUs (the ranks ran on the CPU with gloo)"]
+             saving, "NCCL and GPUs (the ranks ran on the CPU with gloo)"]
     parts += [] if amp else ["autocast (amp, --amp)"]
     return "not exercised: " + "; ".join(parts)
