@@ -111,12 +111,14 @@ def split(model, mesh, batch, given, parallelize) -> tuple[dict, str, dict]:
     return {n: style_name(s) for n, s in plan.items()}, origin, placed
 
 
-def probe(source, example, given=None, parallelize=None, folder: str = "") -> dict:
+def probe(subject, folder: str = "") -> dict:
     """One rank: split, compare over STEPS optimizer steps, then the checkpoint round trip
-    (doctor/roundtrip.py) into `folder`; PyTorch's message if the split module fails."""
+    (save_load.py) into `folder`; PyTorch's message if the split module fails."""
     import torch
     from torch.distributed.device_mesh import init_device_mesh
 
+    source, example = subject.source, subject.example
+    given, parallelize = subject.tp_plan, subject.parallelize
     dev, world = device(), rank_info().world_size
     mesh = init_device_mesh(dev.type, (world,))
     torch.manual_seed(0)  # the same weights on every rank

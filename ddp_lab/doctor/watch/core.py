@@ -113,11 +113,11 @@ def _outside_the_mode(ctx: Context, fn):
     dynamo traces: it changed the graph breaks it found)."""
     import functools
 
-    from torch.overrides import _get_currentfunction_mode, _pop_mode_temporarily
+    from torch.overrides import _get_current_function_mode, _pop_mode_temporarily
 
     @functools.wraps(fn)
     def call(*args, **kwargs):
-        if ctx.mode is not None and _get_currentfunction_mode() is ctx.mode:
+        if ctx.mode is not None and _get_current_function_mode() is ctx.mode:
             with _pop_mode_temporarily():
                 return fn(*args, **kwargs)
         return fn(*args, **kwargs)
