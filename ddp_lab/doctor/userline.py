@@ -104,18 +104,15 @@ def code_of(fn) -> dict:
     return {code.co_name: span} if span else {}
 
 
-def code_ranges(source, where: dict | None) -> dict[str, list[tuple[str, int, int]]]:
+def code_ranges(model, where: dict | None) -> dict[str, list[tuple[str, int, int]]]:
     """{function name: [(file, first line, last line), ...]}: `where` (code_map, one per name)
-    and every function and method of the Python modules that define the user's module classes,
-    so that code shipped by value (`<dynamic-code>`, which keeps its line numbers) is named even
-    when two classes both have an `__init__`, or a helper function registers a hook."""
+    and every function and method of the Python modules that define the classes of `model` (an
+    instance; None: `where` alone), so that code shipped by value (`<dynamic-code>`, which keeps its line numbers) is
+    named even when two classes both have an `__init__`, or a helper function registers a hook."""
     out: dict[str, list] = {}
     for name, span in (where or {}).items():
         out.setdefault(name, []).append(span)
-    try:
-        names = {type(m).__module__ for m in source.build().modules()}
-    except Exception:  # the DDP phase built it; nothing more to learn here
-        return out
+    names = {type(m).__module__ for m in model.modules()} if model is not None else set()
     for modname in sorted(n for n in names if n.split(".")[0] not in ("torch", "builtins")):
         for obj in list(vars(sys.modules.get(modname) or object).values()):
             if inspect.isclass(obj) and obj.__module__ == modname:

@@ -88,6 +88,7 @@ class Subject:
     compile: dict | None = None  # exam/compile_run.settings_of: the torch.compile settings
     timeout: float = 60
     where: dict = field(default_factory=dict)  # userline.code_map of the module (+ parallelize)
+    ranges: dict = field(default_factory=dict)  # userline.code_ranges: its Python modules' functions
 
 
 # What `ev.ranks[r]` holds in a watched run (Context.add: a list, KEEP items at most; emit: one

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import threading
 
-from .api import Check, Finding
 from ..frames import first_of
+from .api import Check, Finding
 from .api import MODEL_CHANGES as CHANGES
 
 

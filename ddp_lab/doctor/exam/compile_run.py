@@ -27,9 +27,9 @@ from ..checks.api import Evidence
 from ..errors import DoctorInputError
 from ..frames import SLASHED_OWN as OWN  # as CompileWatch matches a frame's path
 from ..sync import emit, records
-from ..userline import code_ranges
 from .dynamic import SEED, wrap
 from .inputs import autocast
+from .launch import ranges_of
 from .randomness import seed_all
 from .shapes import rank_batch
 
@@ -143,5 +143,5 @@ def phase(subject):
     ranks = [{**records(r.stdout), **(r.value if r.status == "ok" and isinstance(r.value, dict)
                                       else {})} for r in run.ranks]
     ev = Evidence(ranks, run, world_size=subject.world_size, subject=subject,
-                  where=code_ranges(subject.source, subject.where))
+                  where=ranges_of(subject))
     return run, judge("compiled", ev)

@@ -10,6 +10,7 @@ from ...launching.launcher import launch
 from ..checks import judge
 from ..checks.api import Evidence, Finding
 from ..report import brief
+from ..userline import code_ranges
 
 GRACE = 2.0
 
@@ -37,3 +38,16 @@ def launch_and_judge(probe, subject, label: str, checks: tuple, failed):
 def failure(code: str, lesson: str, title: str, fix: str = "", strategies: tuple = ()):
     """A `failed` for launch_and_judge: one error finding with the root cause as evidence."""
     return lambda why: [Finding("error", code, lesson, title, [why], fix=fix, strategies=strategies)]
+
+
+def ranges_of(subject) -> dict:
+    """The subject's code ranges (userline.code_ranges): doctor() finds them on its first
+    instance; for a Subject made without them, on a fresh one (or the code map alone when the
+    module cannot be built here)."""
+    if subject.ranges:
+        return subject.ranges
+    try:
+        model = subject.source.build()
+    except Exception:  # the DDP phase built it on the ranks; nothing more to learn here
+        return code_ranges(None, subject.where)
+    return code_ranges(model, subject.where)

@@ -7,9 +7,9 @@ in float32, and names the low-precision tables forward built (the user's line).
 """
 from __future__ import annotations
 
+from ..batch import call, floating_tensors
 from ..frames import user_frame
 from ..report import Finding
-from ..batch import call, floating_tensors
 
 # Relative (L2) error of the output above which it is more than bf16's rounding: bf16 keeps 8
 # significant bits (unit roundoff 2**-8 = 0.0039); a few layers of it give ~0.01. Measured on

@@ -14,7 +14,7 @@ from ..checks.api import Subject
 from ..errors import DoctorInputError
 from ..report import Finding, Report
 from ..strategies import judged_under
-from ..userline import code_map, code_of
+from ..userline import code_map, code_of, code_ranges
 from . import compile_run, ddp, inputs, save_load, shapes, sharded, static, tensor_parallel
 from .settings import not_exercised, settings_note, validated_ddp_kwargs
 from .tp_plan import validate_tp_args
@@ -71,9 +71,10 @@ def doctor(model, example_input, *, world_size: int = 2, steps: int = 3,
     where = code_map(instance)
     if parallelize is not None:  # the user's split, named by its file on the ranks too
         where.update(code_of(parallelize))
+    ranges = code_ranges(instance, where)
     del instance
     subject = Subject(source, example_input, world_size, steps, loss, amp, settings, strategy,
-                      plan, tp_plan, parallelize, compiling, timeout, where)
+                      plan, tp_plan, parallelize, compiling, timeout, where, ranges)
     notes = [loss.describe(out), shapes.describe(example_input, plan, world_size),
              settings_note(settings), not_exercised(steps, amp, strategy)]
     run, found = examine(subject, notes)

@@ -15,9 +15,9 @@ from ...launching.rankinfo import rank_info
 from ..batch import call
 from ..frames import SLASHED_OWN
 from ..report import Finding, brief
-from ..userline import at_line, code_ranges
+from ..userline import at_line
 from .inputs import batch_for, default_loss
-from .launch import failure, launch_and_judge
+from .launch import failure, launch_and_judge, ranges_of
 from .precision import (low_precision_tables, reference, relative_error, same_weights,
                         table_findings)
 from .save_load import fsdp2_round_trip
@@ -175,7 +175,7 @@ def phase(subject):
     if ev is None:
         return run, found
     first = next(v for v in ev.ranks if v)
-    return run, findings(first, strategy, code_ranges(subject.source, subject.where)) + found
+    return run, findings(first, strategy, ranges_of(subject)) + found
 
 
 FIX_TIE = ("keep the tie inside one unit (a child module that owns the weight and both uses "
