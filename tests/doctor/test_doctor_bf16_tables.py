@@ -1,4 +1,4 @@
-"""The bf16 tables check (doctor/precision.py): under FSDP2's bf16 policy a rotary table built
+"""The bf16 tables check (doctor/exam/precision.py): under FSDP2's bf16 policy a rotary table built
 in the input's dtype is reported with its measured error against float32; built in float32, it
 is not."""
 import torch

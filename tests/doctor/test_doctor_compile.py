@@ -1,4 +1,4 @@
-"""The doctor's compile settings (doctor/compiled.py: `compile=True`, `compile={...}`,
+"""The doctor's compile settings (doctor/exam/compile_run.py: `compile=True`, `compile={...}`,
 `--compile` and `--compile-*`): what the user's settings become, the note that says how the doctor
 compiled and what it did not exercise, and the CLI flags. The findings themselves are the registry
 check's: tests/doctor/checks/test_compiled_doctor.py."""

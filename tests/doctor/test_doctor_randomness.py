@@ -1,4 +1,4 @@
-"""The doctor's randomness checks (ddp_lab/doctor/randomness.py, lesson 14): each rank's torch,
+"""The doctor's randomness checks (ddp_lab/doctor/exam/randomness.py, lesson 14): each rank's torch,
 Python `random` and NumPy seeded as a training script seeds them; random draws in forward that
 are identical on every rank; Python's `random` or NumPy used in forward or while building."""
 import random

@@ -1,4 +1,4 @@
-"""The doctor's `strategy="tp"` (doctor/tensor_parallel.py): the plan it traces when asked
+"""The doctor's `strategy="tp"` (doctor/exam/tensor_parallel.py, tp_plan.py): the plan it traces when asked
 (tp_plan="traced"), a user's plan and parallelize function from Python and from the command
 line, no plan at all, and bad input. The lesson-16 ModuleCases
 (every lesson-16 module, broken and fixed) are checked by test_doctor_registry."""

@@ -115,7 +115,7 @@ def dcp_round_trip(saved, build_fresh, batch, folder: str) -> dict:
 
 def fsdp2_round_trip(source, batch, folder: str) -> dict:
     """On each rank under FSDP2: the module built from one seed on every rank (as users seed),
-    sharded as doctor/sharded.py plans its units, one SGD step, then `dcp_round_trip`."""
+    sharded as sharded.py plans its units, one SGD step, then `dcp_round_trip`."""
     import torch
     from torch.distributed.fsdp import fully_shard
 
