@@ -17,6 +17,11 @@ import ast
 from pathlib import Path
 
 import ddp_lab.doctor as wing
+from ddp_lab.doctor import frames, userline
+from ddp_lab.doctor.checks import api
+from ddp_lab.doctor.exam import run
+from ddp_lab.doctor.watch import core
+from ddp_lab.launching import launcher
 from test_layers import find_cycle, import_graph
 
 WING = Path(wing.__file__).parent
@@ -27,7 +32,10 @@ MAY_IMPORT = {"face": {"face", "exam", "watch", "checks", "ground"}, "exam": {"e
               "watch": {"watch", "checks", "ground"}, "checks": {"checks", "ground"}, "ground": {"ground"}}
 CHECKS_FLOOR = ("api", "context", "__init__")  # what every check stands on
 USER_LINE = ("userline", "frames")  # the user's line, and which frame is the user's
-PUBLIC = {"exam/run.py:doctor", "watch/__init__.py:watch"}  # the public API: its signatures are the user's
+WATCH = Path(core.__file__).parent
+# the public API, doctor() and watch(): their signatures are the user's
+PUBLIC = {f"{Path(run.__file__).relative_to(WING)}:{run.doctor.__name__}",
+          f"{(WATCH / '__init__.py').relative_to(WING)}:watch"}
 MOST_PARAMETERS = 8
 MOST_LINES = 300
 
@@ -70,7 +78,7 @@ def test_a_check_imports_only_the_floor_its_own_parts_and_the_users_line():
             if floor(t) == "ground" and leaf in USER_LINE:
                 continue
             bad.append(f"{m} -> {t}")
-    assert bad == [], "a check imports checks/api.py (and context.py), its own parts and the user's line"
+    assert bad == [], f"a check imports {api.__name__} (and its context), its own parts and the user's line"
 
 
 def test_no_import_cycle_between_the_wings_folders():
@@ -132,7 +140,7 @@ def line_builders(tree) -> list[int]:
 def test_the_users_line_is_written_in_userline_only():
     found = [f"{path.relative_to(WING)}:{n}" for path, tree in modules()
              if path.stem != "userline" for n in line_builders(tree)]
-    assert found == [], "write the user's line with ddp_lab/doctor/userline.py"
+    assert found == [], f"write the user's line with {userline.__name__}"
     assert line_builders(ast.parse('f"{a}:{b}: {c}"; f"{a}:{b} in {c}"; f"{a}:{b}"')) == [1, 1]
 
 
@@ -154,7 +162,7 @@ def test_which_frame_is_the_users_is_decided_in_frames_only():
             if isinstance(node, ast.FunctionDef) and node.name.lstrip("_") in (
                     "users", "is_user", "user_site", "user_frame_in", "is_module_code"):
                 found.append(f"{path.relative_to(WING)}:{node.lineno} def {node.name}")
-    assert found == [], "decide which frame is the user's in ddp_lab/doctor/frames.py"
+    assert found == [], f"decide which frame is the user's in {frames.__name__}"
 
 
 def test_modules_are_short_and_each_name_is_one_module():
@@ -168,5 +176,5 @@ def test_modules_are_short_and_each_name_is_one_module():
 def test_the_floors_are_read_as_said():
     assert floor(NAME) == "face" and floor(f"{NAME}.cli") == "face"
     assert floor(f"{NAME}.exam.run") == "exam" and floor(f"{NAME}.checks.api") == "checks"
-    assert floor(f"{NAME}.userline") == "ground" and floor("ddp_lab.launching.launcher") is None
+    assert floor(userline.__name__) == "ground" and floor(launcher.__name__) is None
     assert find_cycle({"exam": {"checks"}, "checks": {"exam"}}) == ["checks", "exam", "checks"]
