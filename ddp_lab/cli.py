@@ -8,7 +8,7 @@ import sys
 
 from .course import cli as course
 from .doctor import cli as doctor
-from .doctor.watch import cli as watch
+from .doctor.watch import command as watch
 from .kit import cli as kit
 from .launching.rankinfo import in_torchrun
 

@@ -129,7 +129,7 @@ def run_watch(case: Case, variant: str) -> list:
 def watch_report(script: str):
     """The Report of watch on a corpus script (its case's args, nproc and timeout), once per
     process: the corpus test and the checks' own tests (tests/doctor/checks) share the runs."""
-    from ddp_lab.doctor.watch.script_mode import watch_script
+    from ddp_lab.doctor.watch.script import watch_script
 
     folder = os.path.dirname(os.path.abspath(script))
     with open(os.path.join(folder, "case.toml"), "rb") as f:

@@ -2,7 +2,7 @@
 findings at the user's save or load line."""
 from __future__ import annotations
 
-from ..report import Finding
+from .api import Finding
 
 WRAPPERS = (("module.", "DDP"), ("_orig_mod.", "torch.compile"))  # the prefixes they add
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 
-from ..report import Finding
+from .api import KEEP, Finding
 
 REL = 2e-5  # a logged value equals a formula up to float32 rounding of the script's own sums
 APART = 1e-3  # a wrong formula is only evidence when it differs from the true value this much
@@ -46,8 +46,6 @@ def _apart(a, b):
 def _complete(events):
     """The records of the steps recorded whole: when the core's cap (KEEP items a key) cut the
     list, its last step may lack micro-batches, and a part of a step is not judged."""
-    from ..watch.context import KEEP
-
     if len(events) < KEEP:
         return events
     last = max(e["s"] for e in events)

@@ -26,11 +26,11 @@ from __future__ import annotations
 import os
 import sys
 
-from . import Check
 from ._checkpoints_dcp import attach_dcp
 from ._checkpoints_judge import judge
 from ._checkpoints_state import (at, first_difference, fresh_copy, is_dtensor, match, oneline,
                                  plain_module, same_storage, tensor_dicts)
+from .api import Check
 
 
 # --- torch.save ---------------------------------------------------------------------------------

@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import threading
 
-from ..report import Finding
-from . import Check
-from .state import CHANGES, FRAMEWORK
+from ..frames import first_of
+from .api import Check, Finding
+from .api import MODEL_CHANGES as CHANGES
 
 
 class _Trees:
@@ -53,12 +53,7 @@ class _Trees:
         """The change comes from PyTorch's own code (DDP, FSDP, an optimizer), not the user's."""
         import sys
 
-        frame = sys._getframe(2)
-        while frame is not None and not self.ctx.is_user_file(frame.f_code.co_filename):
-            if any(s in frame.f_code.co_filename.replace("\\", "/") for s in FRAMEWORK):
-                return True
-            frame = frame.f_back
-        return frame is None
+        return first_of(sys._getframe(2), self.ctx.is_user_file) != "user"
 
     def record(self, what: str, names: list, w, module_id: int) -> None:
         row = {"what": what, "names": names[:8], "kind": w.kind, "line": self.ctx.user_line(),
@@ -193,6 +188,5 @@ CHECK = Check(
     codes={"model-changed-after-wrap": "error"},
     attach=attach, judge=judge, tools=("watch",),
     tests="tests/doctor/checks/test_wrapped.py",
-    order=30,
     notes=("a change made through .data or in place keeps the same tensors: the state check sees "
            "its effect instead",))

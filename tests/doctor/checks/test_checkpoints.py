@@ -25,7 +25,7 @@ CASES = [  # a file only the same wrapper reloads is a warning; lost or unloaded
 
 @lru_cache(maxsize=None)
 def report(case: str, script: str):
-    from ddp_lab.doctor.watch.script_mode import watch_script
+    from ddp_lab.doctor.watch.script import watch_script
 
     return corpus_report(CORPUS / case / script)  # the corpus test's run, shared
 
@@ -164,7 +164,7 @@ dist.destroy_process_group()
 
 
 def watch_text(tmp_path, text):
-    from ddp_lab.doctor.watch.script_mode import watch_script
+    from ddp_lab.doctor.watch.script import watch_script
 
     path = tmp_path / "train.py"
     path.write_text(text)

@@ -18,7 +18,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from ddp_lab.doctor.checks import _logged_judge as judging, logged
-from ddp_lab.doctor.watch.context import Evidence
+from ddp_lab.doctor.checks.api import Evidence
 from conftest import corpus_report
 
 CORPUS = Path(__file__).parents[2] / "corpus" / "watch"
@@ -31,7 +31,7 @@ REASONS = dict(zip(CASES, ("unweighted mean over ranks", "SUM of the ranks", "di
 
 @lru_cache(maxsize=None)
 def report(path: str):
-    from ddp_lab.doctor.watch.script_mode import watch_script
+    from ddp_lab.doctor.watch.script import watch_script
 
     return corpus_report(path) or watch_script(path, nproc=2, timeout=90, checks=["logged"])
 
