@@ -99,11 +99,15 @@ def install_core(ctx: Context) -> list:
         ctx.emit("group", {"backend": dist.get_backend(), "line": ctx.user_line(sys._getframe(1))})
         return out
 
-    dist.init_process_group = init_process_group
     import torch.distributed.distributed_c10d as c10d
-    c10d.init_process_group = init_process_group
-    undo.append(lambda: setattr(dist, "init_process_group", start))
-    undo.append(lambda: setattr(c10d, "init_process_group", start))
+    import torch.distributed.device_mesh as device_mesh
+
+    # init_device_mesh starts the default group through the name device_mesh imported
+    # (torch/distributed/device_mesh.py: `from ...distributed_c10d import init_process_group`)
+    for owner in (dist, c10d, device_mesh):
+        if getattr(owner, "init_process_group", None) is start:
+            owner.init_process_group = init_process_group
+            undo.append(lambda owner=owner: setattr(owner, "init_process_group", start))
     return undo
 
 
