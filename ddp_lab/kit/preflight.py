@@ -21,7 +21,10 @@ from dataclasses import dataclass
 from typing import Callable
 
 MIN_PYTHON = (3, 10)
-MIN_TORCH = (2, 4)
+# The oldest torch every lesson runs on: lesson 17's scenario 4 gives torchrun `--shutdown-timeout`,
+# an option since torch 2.12. pyproject.toml's `torch>=` and tools/upgrade_check.py's floor say the same
+# (tests/test_upgrade_check.py).
+MIN_TORCH = (2, 12)
 TESTED_TORCH = "2.13.0"  # requirements.txt's pin
 KERNEL_IMPORTS = ("torch", "ddp_lab", "ipywidgets", "ipykernel")
 

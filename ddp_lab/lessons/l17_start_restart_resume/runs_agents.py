@@ -124,7 +124,8 @@ def elastic_job(resume: bool = False, shared_store: bool = False, steps: int = 8
         began = time.time()
         try:
             # --shutdown-timeout: a worker stuck in C++ (gloo's connect) never runs its SIGTERM
-            # handler; torchrun SIGKILLs it after this many seconds (default 30)
+            # handler; torchrun SIGKILLs it after this many seconds (default 30). An option since
+            # torch 2.12: the course's floor (tools/upgrade_check.py, kit/preflight.py MIN_TORCH)
             torchrun(["--standalone", "--nproc-per-node=2", "--max-restarts=1", "--shutdown-timeout=2",
                       *IN_THE_AGENT,
                       *_worker("elastic", out, f"--steps={steps}", f"--every={every}",
