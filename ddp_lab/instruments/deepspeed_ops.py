@@ -12,8 +12,8 @@ behind, which blocks every later build or load (issue 47). So the course keeps t
 environment: `build_root()` is `<root>/py3X_cpu-<key>`, where <root> is `$TORCH_EXTENSIONS_DIR` if
 set, else `torch_extensions/` in the environment (`sys.prefix`), and <key> is a hash of what the
 build depends on (the environment's path, torch's and DeepSpeed's versions and places, Python's
-headers, the compiler): another environment, or a new torch or DeepSpeed, gets a folder of its
-own instead of rebuilding this one.
+headers, the compiler, the ninja on PATH, whose log another version would start over): another
+environment, or a new torch or DeepSpeed, gets a folder of its own instead of rebuilding this one.
 
 Up to torch 2.13, torch's builder marks a build by the mere existence of a `lock` file (a
 "baton"): a rank killed mid-build leaves it behind and every later build or load waits on it
@@ -68,7 +68,8 @@ def _depends_on() -> dict[str, str]:
         deepspeed = "(not installed)"
     return {"environment": sys.prefix, "python": sys.version.split()[0] + getattr(sys, "abiflags", ""),
             "torch": f"{torch.__version__} {os.path.dirname(torch.__file__)}", "deepspeed": deepspeed,
-            "headers": sysconfig.get_paths()["include"], "compiler": os.environ.get("CXX", "c++")}
+            "headers": sysconfig.get_paths()["include"], "compiler": os.environ.get("CXX", "c++"),
+            "ninja": _ninja() or "(none)"}
 
 
 def build_root() -> Path:
@@ -156,15 +157,21 @@ def _ninja() -> str | None:
 
 def out_of_date(folder: Path | None = None) -> str:
     """What ninja would redo in the op's built folder ("" when nothing, or when it cannot tell):
-    a source or header newer than the op, e.g. DeepSpeed or torch reinstalled in place."""
+    a source or header newer than the op, e.g. DeepSpeed or torch reinstalled in place. Asked of
+    a copy of the folder (mtimes kept, about 1 MB): a dry run still starts over a log it finds of
+    another ninja version, which would make the next load rebuild everything."""
+    import tempfile
+
     folder = folder or build_dir()
     ninja = _ninja()
     if ninja is None or not (folder / "build.ninja").is_file():
         return ""
     try:
-        out = subprocess.run([ninja, "-n", "-C", str(folder)], capture_output=True, text=True,
-                             timeout=30)
-    except (OSError, subprocess.SubprocessError):
+        with tempfile.TemporaryDirectory(prefix="ddp-lab-ninja-") as tmp:
+            copy = shutil.copytree(folder, Path(tmp) / folder.name, ignore=shutil.ignore_patterns("lock"))
+            out = subprocess.run([ninja, "-n", "-C", str(copy)], capture_output=True, text=True,
+                                 timeout=30)
+    except (OSError, shutil.Error, subprocess.SubprocessError):
         return ""
     if out.returncode != 0:  # e.g. a source that is gone: a build would fail there too
         said = (out.stderr or out.stdout).strip().splitlines()

@@ -67,7 +67,7 @@ def test_each_environment_torch_and_deepspeed_gets_a_folder_of_its_own(monkeypat
     here = ops.build_dir()
     assert here.parent.parent == Path(sys.prefix) / "torch_extensions"
     depends = ops._depends_on()
-    for what in ("environment", "torch", "deepspeed", "headers", "compiler"):
+    for what in ("environment", "torch", "deepspeed", "headers", "compiler", "ninja"):
         monkeypatch.setattr(ops, "_depends_on", lambda: {**depends, what: "another"})
         assert ops.build_dir() != here, what
     monkeypatch.setattr(ops, "_depends_on", lambda: dict(depends))
@@ -99,7 +99,9 @@ def test_an_op_that_ninja_would_rebuild_is_refused_in_the_rank(ext_dir):
     source.write_text("")
     (ext_dir / "build.ninja").write_text(f"rule cp\n  command = cp $in $out\nbuild {ops.NAME}.so: cp src.cpp\n")
     subprocess.run([ops._ninja(), "-C", str(ext_dir)], check=True, capture_output=True)  # built
+    log = (ext_dir / ".ninja_log").read_bytes()
     ops.require_built()
+    assert (ext_dir / ".ninja_log").read_bytes() == log  # asked of a copy: the log is untouched
     assert os.environ["TORCH_EXTENSIONS_DIR"] == str(ext_dir.parent)  # where the rank's torch looks
     assert ops.build_dir() == ext_dir  # and asked again, the same folder
     later = time.time() + 60
