@@ -38,6 +38,7 @@ def main(argv=None) -> int:
 
 def _main(argv) -> int:
     args = build_parser().parse_args(argv)
+    from .instruments.deepspeed_ops import OpBuildError
     from .launching.results import LaunchInterrupted
 
     try:
@@ -48,6 +49,9 @@ def _main(argv) -> int:
     except LaunchInterrupted as stop:  # Ctrl-C during a launch: what the ranks did, one line
         print("\n".join(stop._render_traceback_()), file=sys.stderr)
         return 130
+    except OpBuildError as exc:  # this environment cannot run it yet: the command that fixes it
+        print(f"ddp-lab: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -74,6 +74,12 @@ def read_env(*names):
     return {n: os.environ.get(n) for n in names}
 
 
+def temporary_folder():
+    import tempfile
+
+    return tempfile.gettempdir()
+
+
 def debug_level():
     return str(dist.get_debug_level())
 
@@ -148,3 +154,17 @@ def private_torch_names() -> dict:
     return {"_module_parameters": None if listed is None else
             [id(p) for p in listed] == [id(p) for p in model.parameters()],
             "_get_default_store": None if store is None else store.get("private-names") == b"1"}
+
+
+def make_a_folder_then_hang():
+    """A folder of the rank's own in the launch's scratch folder, a file in it, then a hang: the
+    launcher kills the rank, which never removes it."""
+    import tempfile
+
+    from ddp_lab.launching.rankinfo import scratch_dir
+
+    folder = tempfile.mkdtemp(prefix="ddp-lab-body-", dir=scratch_dir())
+    open(os.path.join(folder, "data"), "w").close()
+    print(folder, flush=True)
+    while True:
+        time.sleep(0.05)

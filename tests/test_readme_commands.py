@@ -120,12 +120,25 @@ def test_the_doctor_examples_run_as_shown(command, shown, monkeypatch, capsys):
         assert "ERROR" not in out and "WARNING" not in out, out
 
 
+# A measured figure: a duration, a ratio, a share, a score ("33/33", "12 caught").
+FIGURE = re.compile(r"\d+(?:[.,]\d+)?\s?(?:ms|s|min|minutes|seconds|hours|×|x\b|%)(?![\w-])"
+                    r"|\b\d+/\d+\b|\b\d+ (?:caught|cases|false alarms)")
+
+
 def test_the_readme_is_a_newcomer_s_start():
-    """What it is, the two commands, the lessons, where to go next: the rest lives in docs/."""
+    """What it is, the two commands, the lessons, where to go next: the rest lives in docs/.
+    Every measured figure lives in one place, docs/, which the README links (issue 47: it
+    repeated the watch corpus's table, the cost figures and the quickstart's timings), and each
+    lesson's row of the table is one line."""
     readme = (ROOT / "README.md").read_text()
     assert len(readme.splitlines()) <= 200, len(readme.splitlines())
     for page in sorted((ROOT / "docs").glob("*.md")):
         assert f"](docs/{page.name})" in readme, f"the README does not link docs/{page.name}"
+    prose = re.sub(r"```.*?```", "", readme, flags=re.S)
+    assert FIGURE.findall(prose) == [], "a figure in the README: it belongs in docs/ (measured.md, ...)"
+    rows = re.findall(r"^\| (\d\d) \| \[[^\]]+\]\([^)]+\) \| (.+?) \|\s*$", readme, re.M)
+    assert [r for r, _ in rows] == sorted({r for r, _ in rows}) and len(rows) >= 21
+    assert [(r, len(text)) for r, text in rows if len(text) > 100] == []
 
 
 def _anchors(path) -> set[str]:

@@ -22,6 +22,8 @@ reported as "known nondeterministic on this build" and does not fail; any other 
 environment only (no baseline tour, no nbval: those stay in the full check, run when a torch
 release comes), and the tests that mean something only on a CUDA build (CUDA_TESTS), which must
 run there, not skip, with the private torch names the course reads (NEW_TORCH_TESTS).
+A torch older than the course's floor (`ddp_lab.kit.preflight.MIN_TORCH`, 2.12: lesson 17's
+elastic restart needs torchrun's `--shutdown-timeout`) is refused before anything is installed.
 `--report-only` prints the report again from the last records in DIR. Exit status 0 when the
 tour is as declared (known nondeterministic variants aside) and strict nbval passes there (with
 `--ci`: and the CUDA-build tests pass).
@@ -50,6 +52,19 @@ CUDA_TESTS = ("tests/launching/test_cuda_init.py", "tests/instruments/test_deeps
 # reads (issue 47), which a release may rename without a word.
 NEW_TORCH_TESTS = ("tests/test_private_torch_names.py",)
 CPU_BUILD_SKIP = "this torch is a CPU build"
+
+
+def below_floor(version: str) -> str:
+    """Why the course cannot run on torch `version` ("" when it can): older than its floor,
+    `ddp_lab.kit.preflight.MIN_TORCH` (lesson 17's scenario 4 runs torchrun with
+    `--shutdown-timeout`, an option since 2.12)."""
+    from ddp_lab.kit.preflight import MIN_TORCH, _release
+
+    if _release(version)[:2] >= MIN_TORCH:
+        return ""
+    floor = ".".join(map(str, MIN_TORCH))
+    return (f"torch {version} is older than the course's floor, {floor}: lesson 17's elastic restart "
+            f"(scenario 4) runs torchrun with --shutdown-timeout, an option since torch {floor}")
 
 
 def _run(cmd, env=None, log=None, **kw) -> subprocess.CompletedProcess:
@@ -251,6 +266,8 @@ def main(argv=None) -> int:
                         help="CI's part: build-ops, the tour and the CUDA-build tests, no baseline")
     parser.add_argument("--report-only", action="store_true", help="report from the last records")
     args = parser.parse_args(argv)
+    if below_floor(args.torch):
+        parser.error(below_floor(args.torch))
     venv = (args.venv or REPO / ".upgrade" / f"torch-{args.torch}").resolve()
     if not args.report_only:
         start = time.time()

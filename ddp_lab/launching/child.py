@@ -205,6 +205,8 @@ def child_main(spec_path: str) -> None:
     sys.path[:] = spec["sys_path"]
     if "torch.distributed" in sys.modules:  # preloaded: re-read what torch read at import
         sys.modules["torch.distributed"].set_debug_level_from_env()
+    if "tempfile" in sys.modules:  # a preload may have asked it already: ask again (TMPDIR)
+        sys.modules["tempfile"].tempdir = None
     _arm_stack_dump(spec)
     flight.arm(spec)  # a hung rank still dumps its flight record when the launcher asks
     start = time.time()

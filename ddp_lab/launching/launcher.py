@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 from . import flight, processes, pyspy
 from .costs import from_records
-from .rankinfo import in_torchrun
+from .rankinfo import SCRATCH, in_torchrun
 from .results import (CRASHED, ERROR, INTERRUPTED, OK, TIMEOUT, ErrorInfo, LaunchInterrupted,
                       RankResult, RunResult)
 
@@ -113,10 +113,11 @@ def launch(fn: Callable, *args, world_size: int = 2, backend: str = "auto",
     try:
         for attempt in (1, 2):
             store = _rendezvous_store(timeout)
-            spec = _LaunchSpec(os.path.join(workdir, str(attempt)), payload,
-                               _base_env(env, world_size, store.port),
+            folder = os.path.join(workdir, str(attempt))
+            spec = _LaunchSpec(folder, payload, _base_env(env, world_size, store.port, folder),
                                backend, timeout, init_process_group, start_method, world_size)
             os.mkdir(spec.workdir)
+            os.mkdir(os.path.join(folder, "scratch"))  # rankinfo.scratch_dir(): removed below
             try:
                 for r in range(world_size):
                     ranks.append(_start_rank(r, spec))
@@ -228,8 +229,9 @@ def _rendezvous_store(timeout: float):
                     timeout=timedelta(seconds=timeout + PG_TIMEOUT_MARGIN))
 
 
-def _base_env(env: dict, world_size: int, port: int) -> dict:
-    return dict(os.environ, **env, **_rendezvous_env(world_size, port))
+def _base_env(env: dict, world_size: int, port: int, folder: str) -> dict:
+    return dict(os.environ, **env, **_rendezvous_env(world_size, port),
+                **{SCRATCH: os.path.join(folder, "scratch")})
 
 
 def _rendezvous_env(world_size: int, port: int) -> dict[str, str]:
