@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from ...instruments.compilewatch import caller
 from ...instruments.deepspeed_ops import require_built
+from ...launching.cuda_init import gpu_count
 from ...launching.rankinfo import rank_info
 from ..batch import call
 from ..frames import SLASHED_OWN
@@ -169,6 +170,10 @@ def phase(subject):
     """(RunResult, findings) of the sharded launch: the sharded checks (lesson 12), FSDP2's bf16
     tables, and under FSDP2 the registry's roundtrip check."""
     strategy = subject.strategy
+    if strategy == "zero3" and gpu_count() == 0:
+        # DeepSpeed's op missing or stale is this environment's error, not the module's: refused
+        # here, naming `ddp-lab build-ops`, before a rank would compile it (issue 47)
+        require_built()
     failed = failure("sharded-run-failed", "12", f"the module could not be checked under {strategy}",
                      fix="see the message: the rank failed before the checks could run")
     run, ev, found = launch_and_judge(probe, subject, f"doctor {strategy}", ("roundtrip",), failed)

@@ -18,6 +18,8 @@ import os
 import tempfile
 from typing import Callable
 
+from ...instruments.deepspeed_ops import require_built
+from ...launching.cuda_init import gpu_count
 from ...launching.launcher import launch
 from ..checks.api import Evidence
 from ..checks.context import read_records
@@ -52,6 +54,8 @@ def watch(train_step, model: Callable | None = None, batches=None, *, strategy: 
     if isinstance(train_step, (str, os.PathLike)):
         return watch_script(os.fspath(train_step), args, nproc=world_size, timeout=timeout)
     _validate(train_step, model, batches, strategy, steps, world_size, save)
+    if strategy == "zero3" and gpu_count() == 0:
+        require_built()  # DeepSpeed's op: this environment's error (OpBuildError), never a finding
     if evaluate is not None:
         _fits(evaluate, "evaluate", ("model", "batch"))
     wants = "optimizer" in inspect.signature(train_step).parameters
