@@ -62,7 +62,8 @@ class Padding:
                 handlers.remove(self.handler)
 
     def stop(self, *_):
-        self.marks = {}
+        """The step's end: the sizes, the rows and the handler go."""
+        self.sizes, self.marks = None, {}
         self._switch(False)
 
     def _mark(self, t, mask, joined):

@@ -125,11 +125,9 @@ def divides_by_world(frame, divides: bool, world: int) -> bool:
         parts = _factors(node, 1)
     elif isinstance(node, ast.AugAssign):
         parts = _factors(node.value, -1 if isinstance(node.op, (ast.Div, ast.FloorDiv)) else 1)
-    elif isinstance(node, ast.Call) and node.args:
-        method = isinstance(node.func, ast.Attribute) and name_of(node) in DIV | MUL and (
-            len(node.args) == 1)
-        other = node.args[0] if method else node.args[-1]
-        parts = _factors(other, -1 if divides else 1)
+    elif isinstance(node, ast.Call) and node.args and name_of(node) in DIV | MUL:
+        method = len(node.args) == 1  # loss.div(x); torch.div(loss, x)
+        parts = _factors(node.args[0] if method else node.args[-1], -1 if divides else 1)
     else:
         return False
     return any(sign < 0 and not isinstance(leaf, ast.Constant) and _int(leaf, frame) == world
