@@ -143,6 +143,9 @@ class Padding:
             return
         if name in REDUCTIONS and self.mask_of(t) is not None and _over_rows(args, kwargs):
             return self._reduced(func, t, args, kwargs, out, mask, joined)
+        if mask.dim() > 1 and name in ("view", "reshape", "flatten") and out.dim() and \
+                out.shape[0] == mask.numel() and out.numel() == t.numel():
+            mask = mask.reshape(-1)  # stacked parts, (ranks, rows) -> rows
         if out.dim() >= mask.dim() and tuple(out.shape[:mask.dim()]) == tuple(mask.shape):
             for _, other, _ in found[1:]:
                 if other.shape == mask.shape:

@@ -132,6 +132,17 @@ def test_joined_whole_and_counted(rank_side):
     assert acc.item() == pytest.approx((a["real"] + 2) / 10)
 
 
+def test_stacked_parts_flattened(rank_side):
+    ctx, mode, pad = rank_side
+    preds = parts(seed=1)
+    gather(pad, preds)
+    with mode:
+        every = torch.stack(preds).flatten()
+        (every > 1).float().mean()
+    [row] = recorded(ctx)
+    assert "torch.stack(preds)" in row["line"] and row["pad"] == 2 and row["fn"] == "mean"
+
+
 def test_cut_or_masked_rows_are_not_recorded(rank_side):
     ctx, mode, pad = rank_side
     preds, labels = parts(seed=1), parts(seed=2)

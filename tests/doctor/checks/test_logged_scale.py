@@ -88,6 +88,51 @@ def test_a_sum_divided_by_every_ranks_count(tmp_path, fix):
         assert hits[0].where.startswith("train.py:16: loss = loss / count"), hits[0].where
 
 
+WRAPPERS = {
+    "fsdp2": ("from torch.distributed.fsdp import fully_shard\n"
+              "model = nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 3))\n"
+              "fully_shard(model[0]); fully_shard(model)\n"),
+    "ddp with a summing hook": (
+        "from torch.nn.parallel import DistributedDataParallel as DDP\n"
+        "model = DDP(nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 3)))\n"
+        "def summed(state, bucket):\n"
+        "    return dist.all_reduce(bucket.buffer(), async_op=True).get_future().then(\n"
+        "        lambda f: f.value()[0])\n"
+        "model.register_comm_hook(None, summed)\n"),
+}
+DIVIDED = '''
+import torch, torch.distributed as dist, torch.nn as nn, torch.nn.functional as F
+dist.init_process_group("gloo")
+world_size = dist.get_world_size()
+torch.manual_seed(0)
+{WRAP}opt = torch.optim.SGD(model.parameters(), lr=0.1)
+g = torch.Generator().manual_seed(dist.get_rank())
+for step in range(3):
+    x, y = torch.randn(8, 4, generator=g), torch.randint(0, 3, (8,), generator=g)
+    loss = F.cross_entropy(model(x), y) / world_size
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+dist.destroy_process_group()
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("wrapper", sorted(WRAPPERS))
+def test_the_wrapper_decides(tmp_path, wrapper):
+    """FSDP2 averages as DDP does: the division is a warning; a DDP whose comm hook (the user's)
+    sums makes loss / world_size the one-process update: nothing."""
+    script = tmp_path / "train.py"
+    script.write_text(DIVIDED.replace("{WRAP}", WRAPPERS[wrapper]))
+    rep = report(str(script))
+    assert rep.status == "ok", rep.notes
+    hits = [f for f in rep.findings if f.code == CODE]
+    if wrapper == "fsdp2":
+        assert len(hits) == 1 and "loss = F.cross_entropy(model(x), y) / world_size" in hits[0].where
+    else:
+        assert hits == [], hits
+
+
 # --- fast: the judge on hand-made records ------------------------------------------------------
 def step(s, *micro, by=()):
     """One rank's records of step s: (criterion mean, count, backward value) per micro-batch."""
