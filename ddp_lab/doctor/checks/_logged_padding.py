@@ -176,6 +176,8 @@ class Padding:
         index = args[1] if len(args) > 1 else None
         if isinstance(index, tuple):
             index = index[0] if index else None
+        if hasattr(index, "device"):
+            index = index.cpu()  # the masks live on the CPU
         try:
             kept = mask[index]
         except (IndexError, TypeError, RuntimeError):
@@ -187,7 +189,7 @@ class Padding:
     def _reduced(self, func, t, args, kwargs, out, mask, joined):
         import torch
 
-        real = t[~mask]
+        real = t[(~mask).to(t.device)]
         if mask.dim() > 1:  # stacked parts: (ranks, rows, ...) -> rows
             real = real.reshape(-1, *t.shape[mask.dim():])
         again = func(real, *args[1:], **kwargs)
