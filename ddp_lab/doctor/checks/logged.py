@@ -262,7 +262,8 @@ CHECK = Check(
            "tests/doctor/checks/test_logged_padding.py"),
     notes=("a number logged after Python arithmetic on another line (x = loss.item(); "
            "print(x / n)) is not seen: only conversions on the logging line are compared",
-           "a step with two losses for one backward, or a sum reduction, is not judged",
+           "a training step with two losses for one backward, or a sum reduction, is not "
+           "judged (an evaluation's sum is read as a mean over its count)",
            "a value aggregated over several steps is compared with the steps since its line "
            "last logged (an epoch's mean); a running mean over a sliding window is not",
            "a rank's own loss (its last micro-batch's) is a note unless the script reduces that "

@@ -6,7 +6,13 @@ loss is a note. Fast tests hold the formulas and the line reading on hand-made r
     logged-value-not-global  40 (unweighted mean over ranks, ignore_index padding), 41 (SUM not
                              divided), 42 (accumulation: 1/k), 43 (last micro-batch), 44 (FSDP2
                              shard's gradient norm), 45 (accuracy: mean of rank fractions)
-    logged-value-one-rank    a script where each rank prints its own loss (a note, never a warning)
+    logged-value-one-rank    a script where each rank prints its own loss (a note, never a warning);
+                             a rank's own last micro-batch is a note unless the script all_reduces
+                             that step's loss itself (43 stays a warning; b04's and b30's fixed
+                             scripts print their own and get a note)
+Blind b13 (a mean of the ranks' validation means, sums over files of 38 and 10 samples) is caught
+at its logging line. The check's other codes have their own files: test_logged_scale.py
+(loss-divided-by-world-size) and test_logged_padding.py (gathered-padding-counted).
 """
 import math
 import tomllib
