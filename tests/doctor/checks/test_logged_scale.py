@@ -186,6 +186,7 @@ def test_every_ranks_count_as_divisor_is_read_from_the_weights():
     assert len(found) == 1 and "global count" in found[0].title
     assert found[0].where == "train.py:9: loss = loss / count"
     assert judged([rank(8), rank(8)]) == []  # equal counts: 1/W is no evidence of its own
+    assert judged([rank(6, total=6), rank(10, total=10)]) == []  # a sum over the rank's own count
 
 
 # --- fast: the rank side in the core's own mode --------------------------------------------------
