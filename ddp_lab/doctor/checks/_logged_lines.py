@@ -112,3 +112,45 @@ def _evaluate_object(node, frame):
     if isinstance(node, ast.Attribute):
         return getattr(_evaluate_object(node.value, frame), node.attr, None)
     return None
+
+
+# --- the expression running in a user's frame (the scaling of a loss: _logged_scale.py) -------
+_EXPRESSIONS: dict = {}  # file -> {position: BinOp, AugAssign or Call node}
+
+
+def expression_at(frame):
+    """The BinOp, AugAssign or Call node whose source span is the instruction running in
+    `frame` (Python 3.11's co_positions), or None."""
+    code = frame.f_code
+    if code not in _POSITIONS:
+        _POSITIONS[code] = list(code.co_positions())
+    pos = _POSITIONS[code][frame.f_lasti // 2]
+    filename = code.co_filename
+    if filename not in _EXPRESSIONS:
+        try:
+            tree = ast.parse("".join(linecache.getlines(filename)))
+        except SyntaxError:
+            tree = ast.Module(body=[], type_ignores=[])
+        _EXPRESSIONS[filename] = {
+            (n.lineno, n.end_lineno, n.col_offset, n.end_col_offset): n for n in ast.walk(tree)
+            if isinstance(n, (ast.BinOp, ast.AugAssign, ast.Call))}
+    return _EXPRESSIONS[filename].get(pos)
+
+
+def name_of(call) -> str:
+    return _name(call)
+
+
+def value_of(node, frame):
+    """A constant's, a name's, an attribute chain's or a constant subscript's value in the
+    user's frame (os.environ["WORLD_SIZE"]); nothing is called. None when unknown."""
+    if isinstance(node, ast.Constant):
+        return node.value
+    if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
+        owner = _evaluate_object(node.value, frame)
+        try:
+            return owner[node.slice.value] if isinstance(owner, (dict, list, tuple)) or (
+                type(owner).__name__ == "_Environ") else None
+        except (KeyError, IndexError, TypeError):
+            return None
+    return _evaluate_object(node, frame) if isinstance(node, (ast.Name, ast.Attribute)) else None

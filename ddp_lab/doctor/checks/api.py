@@ -122,7 +122,10 @@ RANK_KEYS = {
     "dcp-saves": "checkpoints: {where, lost, count} per dcp.save",
     "dcp-loads": "checkpoints: {where, when, keys, shared, ok | differs} per dcp.load",
     "dcp-unread": "checkpoints: {where, why}: a dcp.save read back failed",
-    "logged.train": "logged: {s, fn, v, grad, red, n} per loss and backward",
+    "logged.train": "logged: {s, fn, v, grad, red, n} per loss; {s, fn, v, pure, by} per "
+                    "backward (pure: the last loss scaled by numbers; by: [{line, ws}] where)",
+    "logged.wrappers": "emit (logged): [{kind, avg}]: the ranks each model's gradients average",
+    "logged.padding": "logged: {s, line, at, fn, pad, rows, v, real} per reduction over padding",
     "logged.value": "logged: {s, v, line} per number a logging line shows",
     "logged.norm": "logged: {s, v, shard, replicated} per gradient norm",
     "logged.reduce": "logged: {s, i, op, before, after, rows, line} per all_reduce",

@@ -8,9 +8,13 @@ cross_entropy the targets not equal to ignore_index), every backward's value, th
 Python numbers (`item`, `float`, `tolist`, a tensor in an f-string) on a line that logs them
 (print, logger.info, wandb.log, ...). In the parent: the true value of a step's loss is
 sum(loss x count) / sum(count) over ranks and micro-batches; a logged value equal to a known
-wrong formula while the true value differs is a warning, a rank's own loss is a note. A value
-that matches no formula, or a step we cannot read (two losses per backward, a sum reduction), is
-left alone: a false alarm is worse than a miss.
+wrong formula while the true value differs is a warning; a rank's own loss is a note, and so is
+its own last micro-batch's unless the script reduces that step's loss across ranks itself (then
+it claims a global number and shows another). A value that matches no formula, or a step we
+cannot read (two losses per backward, a sum reduction), is left alone: a false alarm is worse
+than a miss. Two parts judge what is not a logged number: _logged_scale.py (the loss backward()
+runs on, divided by the world size under a wrapper that averages) and _logged_padding.py
+(reductions over all_gather'ed rows that count the padding).
 """
 from __future__ import annotations
 
@@ -20,6 +24,8 @@ import sys
 
 from ._logged_judge import judge
 from ._logged_lines import logged_how
+from ._logged_padding import Padding, padding_functions, wrap_gathers
+from ._logged_scale import Scaling, averaging, scale_functions
 from .api import Check
 CLASS_LOSSES = ("cross_entropy", "nll_loss")
 ELEMENT_LOSSES = ("mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "binary_cross_entropy",
@@ -33,10 +39,11 @@ def attach(ctx):
     import torch.nn.functional as F
 
     state = {"rows": 0, "reduces": 0}
+    scaling = Scaling(ctx, scale_functions())
     losses = [getattr(F, n) for n in CLASS_LOSSES + ELEMENT_LOSSES]
-    ctx.on_torch_function(losses, lambda f, a, k, out: _on_loss(ctx, f, a, k, out))
+    ctx.on_torch_function(losses, lambda f, a, k, out: _on_loss(ctx, f, a, k, out, scaling))
     ctx.on_torch_function([torch.Tensor.backward, torch.autograd.backward],
-                          lambda f, a, k, out: _on_backward(ctx, a))
+                          lambda f, a, k, out: _on_backward(ctx, a, scaling))
     ctx.on_torch_function([torch.Tensor.item, torch.Tensor.__float__, torch.Tensor.__format__,
                            torch.Tensor.tolist], lambda f, a, k, out: _on_number(ctx, f, a, out))
     clip, reduce_ = torch.nn.utils.clip_grad_norm_, dist.all_reduce
@@ -56,16 +63,25 @@ def attach(ctx):
         return out
 
     torch.nn.utils.clip_grad_norm_, dist.all_reduce = clip_grad_norm_, all_reduce
+    padding = Padding(ctx, padding_functions())
+    wrapped = wrap_gathers(ctx, dist, padding)
+    ctx.on_step_end(padding.stop)
     ctx.on_model(lambda c, w: _count_rows(c, w, state))
     ctx.on_step_end(lambda c: state.update(rows=0))
     ctx.on_step_end(_norm_at_step_end)
+    ctx.on_step_end(scaling.stop)
+    ctx.on_step_end(lambda c: c.step == 0 and c.emit("logged.wrappers", averaging(c)))
 
     def undo(c):  # only what is still ours: a check that wrapped after us keeps its own
         if torch.nn.utils.clip_grad_norm_ is clip_grad_norm_:
             torch.nn.utils.clip_grad_norm_ = clip
         if dist.all_reduce is all_reduce:
             dist.all_reduce = reduce_
+        for name, (mine, theirs) in wrapped.items():
+            if getattr(dist, name) is mine:
+                setattr(dist, name, theirs)
     ctx.on_finish(undo)
+
 
 
 def _small(tensor, most=8):
@@ -76,17 +92,25 @@ def _small(tensor, most=8):
     return [float(x) for x in t.detach().reshape(-1).tolist()]
 
 
-def _on_loss(ctx, func, args, kwargs, out):
+_SIGNATURES: dict = {}
+
+
+def _on_loss(ctx, func, args, kwargs, out, scaling):
     if type(out).__name__ != "Tensor" or out.numel() != 1:
         return
-    b = inspect.signature(func).bind(*args, **kwargs).arguments
+    if func not in _SIGNATURES:
+        _SIGNATURES[func] = inspect.signature(func)
+    b = _SIGNATURES[func].bind(*args, **kwargs).arguments
     rec = {"s": ctx.step, "fn": func.__name__, "v": float(out.detach()),
            "grad": bool(out.requires_grad), "red": b.get("reduction", "mean")}
-    if b.get("size_average") is not None or b.get("reduce") is not None or rec["red"] != "mean":
+    if b.get("size_average") is not None or b.get("reduce") is not None or rec["red"] not in (
+            "mean", "sum"):
         rec["red"] = "other"
     else:
         rec["n"] = _count(func.__name__, b)
     ctx.add("logged.train", rec)
+    if rec["grad"]:
+        scaling.start(out)
 
 
 def _count(name, b) -> float:
@@ -105,12 +129,15 @@ def _count(name, b) -> float:
     return float(w[y[valid]].sum()) if w is not None else float(valid.sum())
 
 
-def _on_backward(ctx, args):
+def _on_backward(ctx, args, scaling):
     t = args[0] if args else None
     if isinstance(t, (list, tuple)):
         t = t[0] if len(t) == 1 else None
     if t is not None and hasattr(t, "numel") and t.numel() == 1:
-        ctx.add("logged.train", {"s": ctx.step, "fn": "backward", "v": float(t.detach())})
+        ctx.add("logged.train", {"s": ctx.step, "fn": "backward", "v": float(t.detach()),
+                                 **scaling.finish(t)})
+    else:
+        scaling.stop()
 
 
 def _shard_norm(parameters):
@@ -224,13 +251,29 @@ def _on_number(ctx, func, args, out):
 CHECK = Check(
     name="logged",
     mechanism="values the script logs (loss, gradient norm, accuracy) against their global "
-              "value, weighted by each rank's count and accumulation-aware",
+              "value, weighted by each rank's count and accumulation-aware; the loss backward() "
+              "runs on against the criterion's (the update's size against one process's); "
+              "reductions over all_gather'ed rows against the rows the ranks hold (no padding)",
     lesson="14",
-    codes={"logged-value-not-global": "warning", "logged-value-one-rank": "info"},
+    codes={"logged-value-not-global": "warning", "logged-value-one-rank": "info",
+           "loss-divided-by-world-size": "warning", "gathered-padding-counted": "warning"},
     attach=attach, judge=judge, tools=("watch",),
-    tests="tests/doctor/checks/test_logged.py",
+    tests=("tests/doctor/checks/test_logged.py", "tests/doctor/checks/test_logged_scale.py",
+           "tests/doctor/checks/test_logged_padding.py"),
     notes=("a number logged after Python arithmetic on another line (x = loss.item(); "
            "print(x / n)) is not seen: only conversions on the logging line are compared",
-           "a step with two losses for one backward, or a sum reduction, is not judged",
+           "a training step with two losses for one backward, or a sum reduction, is not "
+           "judged (an evaluation's sum is read as a mean over its count)",
            "a value aggregated over several steps is compared with the steps since its line "
-           "last logged (an epoch's mean); a running mean over a sliding window is not"))
+           "last logged (an epoch's mean); a running mean over a sliding window is not",
+           "a rank's own loss (its last micro-batch's) is a note unless the script reduces that "
+           "step's loss across ranks itself",
+           "a loss divided by the world size is read from the line that divides it (a name or "
+           "get_world_size(), never a literal) or from a division by every rank's count of "
+           "terms; a loss made in a function the user's line calls, or scaled by a tensor that "
+           "needs grad, is not judged; gradients also all_reduced by hand are not accounted",
+           "padding is known from the sizes the script gathers before the parts (all_gather "
+           "or all_gather_object); a DistributedSampler's repeated samples are not padding "
+           "here (the samples check's); rows are followed through the common row-keeping ops "
+           "until the step ends, and only sum, mean, nansum, nanmean and count_nonzero over "
+           "them are compared; a metric computed after tolist() or numpy() is not seen"))
