@@ -129,6 +129,15 @@ RANK_KEYS = {
     "compiles": "compiled: one record per frame dynamo compiled",
     "compile-breaks": "compiled: {step, reason, explain, where} per graph break",
     "compile-sites": "compiled: {assign, keyword, hooks}: lines of the script's source",
+    "resume-saves": "resume: {where, file, at, step, optimizers, parts: [{what, cls, line, held, "
+                    "pos, lr | scale}]} per torch.save holding an optimizer's state",
+    "resume-continues": "resume: {ord, step, file, where, at, schedulers, scalers} at an "
+                        "optimizer's first step after it loaded a state",
+    "resume-starts": "resume: {i, ord, step, line, model, optimizer, n} digests at each "
+                     "optimizer's first step (a DDP model's parameters)",
+    "resume-unused": "resume: {loaded, load, stepping, step}: a loaded optimizer another one replaced",
+    "resume-reads": "resume: {where, file, step} per torch.load from the user's code",
+    "resume-folders": "resume: {line, path} per tempfile.mkdtemp from the user's code",
 }
 
 
