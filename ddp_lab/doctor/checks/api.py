@@ -138,6 +138,8 @@ RANK_KEYS = {
     "resume-unused": "resume: {loaded, load, stepping, step}: a loaded optimizer another one replaced",
     "resume-reads": "resume: {where, file, step} per torch.load from the user's code",
     "resume-folders": "resume: {line, path} per tempfile.mkdtemp from the user's code",
+    "schedules": "schedule: {cls, length, of, line, length_line, pos, lr, resumed, member} per LR "
+                 "scheduler whose length is known, at its death or the script's end",
 }
 
 
