@@ -28,6 +28,7 @@ import sys
 
 from ._checkpoints_dcp import attach_dcp
 from ._checkpoints_judge import judge
+from ._checkpoints_loads import Loads, path_of, reload, watch_state_dicts
 from ._checkpoints_state import (at, first_difference, fresh_copy, is_dtensor, match, oneline,
                                  plain_module, same_storage, tensor_dicts)
 from .api import Check
@@ -38,7 +39,7 @@ from .api import Check
 RELOADS_PER_LINE = 2  # a save line in the loop (every N steps) is reloaded the first times only
 
 
-def reload_saved(ctx, obj, f, done: dict) -> None:
+def reload_saved(ctx, obj, f, done: dict, loads: Loads) -> None:
     """After torch.save(obj, f): each watched model's state in `obj` reloads from `f`."""
     if not isinstance(f, (str, os.PathLike)) or not ctx.models:
         return
@@ -53,19 +54,22 @@ def reload_saved(ctx, obj, f, done: dict) -> None:
             if prefix is None:
                 continue
             done[where] = done.get(where, 0) + 1
-            item = {"where": where, "file": os.path.basename(str(f)),
-                    "kind": w.kind, "prefix": prefix}
+            # a wrapper's prefix comes from the state_dict() call that made the dict: its line
+            line = loads.recall(loads.lines, d) if prefix else None
+            item = {"where": line or where, "saved_at": where, "file": os.path.basename(str(f)),
+                    "path": path_of(f), "kind": w.kind, "prefix": prefix}
             item.update(reload_one(plain, d, path, f, any(is_dtensor(v) for v in d.values()),
-                                   prefix))
+                                   prefix, loads))
             ctx.add("saved", item)
             return
 
 
-def reload_one(plain, saved: dict, path, f, sharded: bool, prefix: str = "") -> dict:
+def reload_one(plain, saved: dict, path, f, sharded: bool, prefix: str = "", loads=None) -> dict:
     import torch
 
     try:
-        state = at(torch.load(f, map_location="cpu"), path)  # weights_only: torch.load's default
+        whole, how = reload(loads, f, torch)
+        state = at(whole, path)
     except Exception as exc:  # noqa: BLE001 - PyTorch's own message is the evidence
         return {"error": f"torch.load: {type(exc).__name__}: {oneline(exc)}",
                 "sharded": sharded}
@@ -73,13 +77,13 @@ def reload_one(plain, saved: dict, path, f, sharded: bool, prefix: str = "") -> 
     try:
         fresh.load_state_dict(state)
     except Exception as exc:  # noqa: BLE001
-        return {"error": f"{type(exc).__name__}: {oneline(exc)}", "sharded": sharded,
+        return {"error": f"{type(exc).__name__}: {oneline(exc)}", "sharded": sharded, "how": how,
                 "stripped_ok": bool(prefix) and loads_stripped(plain, state, prefix)}
     if any(same_storage(v, t) for v, t in zip(saved.values(), plain.state_dict().values())):
         diff = first_difference(fresh.state_dict(), plain.state_dict())
         if diff:
-            return {"differs": diff[0], "off": diff[1]}
-    return {"ok": True}
+            return {"differs": diff[0], "off": diff[1], "how": how}
+    return {"ok": True, "how": how}
 
 
 def loads_stripped(plain, state: dict, prefix: str) -> bool:
@@ -99,17 +103,24 @@ def attach(ctx) -> None:
     import torch
     import torch.serialization
 
-    save = torch.serialization.save
+    save, load = torch.serialization.save, torch.serialization.load
     done: dict = {}
+    loads = Loads(ctx)
 
     def torch_save(obj, f, *args, **kwargs):
         out = save(obj, f, *args, **kwargs)
         if not ctx.checking:
-            ctx.guard(reload_saved)(ctx, obj, f, done)
+            ctx.guard(reload_saved)(ctx, obj, f, done, loads)
         return out
 
-    torch.save = torch_save
-    torch.serialization.save = torch_save
+    def torch_load(f, *args, **kwargs):
+        out = load(f, *args, **kwargs)
+        if not ctx.checking:
+            ctx.guard(loads.loaded)(out, f, kwargs, sys._getframe(1))
+        return out
+
+    torch.save = torch.serialization.save = torch_save
+    torch.load = torch.serialization.load = torch_load
     load_state_dict = torch.nn.Module.load_state_dict
 
     def module_load_state_dict(self, state_dict, *args, **kwargs):
@@ -117,10 +128,22 @@ def attach(ctx) -> None:
         if not ctx.checking and ctx.is_user_file(sys._getframe(1).f_code.co_filename):
             strict = kwargs.get("strict", args[0] if args else True)
             ctx.guard(loaded_nothing)(ctx, self, state_dict, out, strict)
+            ctx.guard(loaded_into)(ctx, loads, self, state_dict, strict)
         return out
 
     torch.nn.Module.load_state_dict = module_load_state_dict
+    ctx.on_model(lambda ctx, w: watch_state_dicts(ctx, loads, w))
     attach_dcp(ctx)
+
+
+def loaded_into(ctx, loads: Loads, module, state_dict, strict) -> None:
+    """A strict load_state_dict from the user's code that loaded a file: into a wrapper (its
+    own prefixed keys) or a plain module. A file only the same wrapper reloads is right when
+    that is how the script reloads it."""
+    path = loads.recall(loads.origins, state_dict)
+    if path is not None and strict:
+        wrapper = any(w.wrapper is module and w.kind in ("ddp", "compiled") for w in ctx.models)
+        ctx.add("reloaded", {"path": path, "where": ctx.user_line(), "into": "wrapper" if wrapper else "module"})
 
 
 def loaded_nothing(ctx, module, state_dict, out, strict) -> None:
