@@ -57,6 +57,9 @@ def judge_lost(ev) -> list[Finding]:
         for c in rec.get("resume-continues", []) or []:
             s = _writer(saves, c)
             if s is None:
+                found = _not_loaded(rank, c)  # written by another run: what the file holds
+                if found is not None:
+                    out.setdefault(c["where"], found)
                 continue
             resumed.add(s["where"])  # this line's checkpoints are resumed from: judged so
             for part in s["parts"]:
@@ -72,6 +75,25 @@ def judge_lost(ev) -> list[Finding]:
         if missing and s["where"] not in resumed and s["where"] not in out:
             notes.setdefault(s["where"], _not_saved(s, missing))
     return list(out.values()) + list(notes.values())
+
+
+def _not_loaded(rank: int, c: dict) -> Finding | None:
+    """The file the optimizer's state came from holds a scheduler's (scaler's) state, and none
+    of the resumed run's stands where it says."""
+    for what, key, live in (("scheduler", "pos", c["schedulers"]), ("scaler", "scale", c["scalers"])):
+        held = [h[key] for h in c.get("held", []) if h["what"] == what]
+        if not held or not live or any(x[key] in held for x in live):
+            continue
+        name = live[0]["cls"] if what == "scheduler" else "GradScaler"
+        had = (f"step {held[0]} of its schedule" if what == "scheduler" else f"loss scale {held[0]:g}")
+        has = (f"step {live[0]['pos']}" if what == "scheduler" else f"loss scale {live[0]['scale']:g}")
+        return Finding(
+            "warning", "resume-state-lost", "17",
+            f"the resume does not load the {name}'s state the checkpoint holds",
+            [f"the checkpoint rank {rank} resumed from ({c['where']}) holds a {what} state at {had}",
+             f"the resumed run's {name} (built at {live[0]['line']}) stands at {has}: it starts over"],
+            fix=FIX_LOST, where=c["where"])
+    return None
 
 
 def _lost_finding(rank, part, lost, s, c, where) -> Finding:

@@ -132,7 +132,7 @@ RANK_KEYS = {
     "compile-sites": "compiled: {assign, keyword, hooks}: lines of the script's source",
     "resume-saves": "resume: {where, file, at, step, optimizers, parts: [{what, cls, line, held, "
                     "pos, lr | scale}]} per torch.save holding an optimizer's state",
-    "resume-continues": "resume: {ord, step, file, where, at, schedulers, scalers} at an "
+    "resume-continues": "resume: {ord, step, file, where, at, schedulers, scalers, held} at an "
                         "optimizer's first step after it loaded a state",
     "resume-starts": "resume: {i, ord, step, line, model, optimizer, n} digests at each "
                      "optimizer's first step (a DDP model's parameters)",

@@ -10,7 +10,8 @@ Rank side (construction, save and load time; per step only a flag is read):
   scheduler's last_epoch and lr; a scaler's scale) ("resume-saves");
 - optimizer.load_state_dict: the file the state came from (torch.load's result, by id); at that
   optimizer's next step (or scaler.step(optimizer)), the schedulers' and scalers' positions it
-  steps with ("resume-continues");
+  steps with, and the scheduler and scaler states the file holds (the word of a writer from an
+  earlier run) ("resume-continues");
 - an optimizer's first step: digests of the DDP model's parameters it steps and of their
   optimizer state ("resume-starts"), compared across ranks in the parent; at that step, another
   optimizer that loaded a state over the same parameters and never stepped ("resume-unused");
@@ -47,6 +48,7 @@ class _Rank:
         self.scalers = weakref.WeakKeyDictionary()  # GradScaler -> {line, stepped}
         self.origins = Origins()
         self.pending: list = []  # loaded optimizers that have not stepped since
+        self.file_states: dict = {}  # file read -> the scheduler and scaler states it holds
         self.starts = 0
 
     # --- what the script builds ----------------------------------------------------------
@@ -100,7 +102,7 @@ class _Rank:
         scalers += [scaler] if scaler is not None and scaler not in scalers else []
         self.ctx.add("resume-continues", {
             "ord": info["ord"], "step": self.ctx.step, "file": load["file"], "where": load["where"],
-            "at": load["at"], "schedulers": scheds,
+            "at": load["at"], "schedulers": scheds, "held": self.file_states.get(load["file"], []),
             "scalers": [{"cls": type(sc).__name__, "scale": sc.get_scale(),
                          "line": self.scalers.get(sc, {}).get("line", "")}
                         for sc in scalers if sc.is_enabled()]})
@@ -141,6 +143,7 @@ class _Rank:
         if path is None:
             return
         self.origins.remember(obj, path)
+        self.file_states[path] = states_held(list(walk(obj)))  # a writer of another run's
         where = self.ctx.user_line(frame)
         if where:
             self.ctx.add("resume-reads", {"where": where, "file": path, "step": self.ctx.step})
@@ -226,8 +229,9 @@ CHECK = Check(
     attach=attach, judge=judge, tools=("watch",),
     tests="tests/doctor/checks/test_resume.py",
     notes=("torch.save and torch.load files only: a DCP checkpoint's optimizer state is not read",
-           "a scheduler or scaler is compared when the same run resumes from the file; a "
-           "checkpoint only written is a note",
+           "a scheduler or scaler is compared with its writer's when the same run wrote the "
+           "file, else with the states the file holds (a file of an earlier run without them is "
+           "not judged); a checkpoint only written is a note",
            "a sampler's epoch and the RNG states a checkpoint holds or not are not judged",
            "ranks' resumed states are compared at an optimizer's first step, for the parameters a "
            "DDP model holds"))

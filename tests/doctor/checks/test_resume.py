@@ -5,6 +5,7 @@ silent on the fixed one (2 real ranks under watch), and on scripts written here:
     resume-state-lost         b20 (an LR scheduler not in the checkpoint: the warm-up restarts),
                               b21 (a GradScaler not in it: the loss scale restarts); a
                               checkpoint that holds the scheduler the resume never loads back
+                              (written in the same run, or by an earlier one)
     resume-state-not-saved    a checkpoint without the live scheduler, never resumed from (info)
     loaded-state-not-used     b23 (the optimizer that loaded the state is replaced by a new one)
     ranks-resume-differently  b24 (each rank's own tempfile.mkdtemp(): rank 1 finds nothing)
@@ -212,3 +213,49 @@ def test_ranks_that_resume_differently_are_named_at_the_folder_each_made_for_its
     assert judge_differ(Evidence(sharded)) == []  # other parameters on each rank (ZeRO's shards)
     unread = [{k: v for k, v in r.items() if k != "resume-reads"} for r in ranks]
     assert judge_differ(Evidence(unread)) == []  # no resume: the state check's to judge
+
+
+# a checkpoint written by an earlier run (not in the watched one): what the file holds is the
+# writer's word
+EARLIER = '''
+import sys, torch, torch.distributed as dist, torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+dist.init_process_group("gloo")
+torch.manual_seed(0)
+model = DDP(nn.Linear(4, 2))
+opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=6)
+ckpt = torch.load(sys.argv[1])
+opt.load_state_dict(ckpt["opt"])
+RESTORE
+for _ in range(2):
+    loss = model(torch.randn(8, 4)).pow(2).mean()
+    opt.zero_grad(); loss.backward(); opt.step(); sched.step()
+dist.destroy_process_group()
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("restore,found", [("pass", ["train.py:10"]),
+                                           ('sched.load_state_dict(ckpt["sched"])', [])])
+def test_a_checkpoint_of_an_earlier_run_whose_scheduler_is_not_loaded(tmp_path, restore, found):
+    import torch
+
+    from ddp_lab.doctor.watch.script import watch_script
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=6)
+    for _ in range(3):
+        model(torch.randn(8, 4)).pow(2).mean().backward()
+        opt.step()
+        sched.step()
+    torch.save({"opt": opt.state_dict(), "sched": sched.state_dict()}, tmp_path / "earlier.pt")
+    (tmp_path / "train.py").write_text(EARLIER.replace("RESTORE", restore))
+    rep = watch_script(str(tmp_path / "train.py"), [str(tmp_path / "earlier.pt")], nproc=2,
+                       timeout=90, checks=["resume"])
+    assert [f.where.split(": ")[0] for f in rep.findings if f.code == "resume-state-lost"] == found
+    assert all(not r.get("check-errors") for r in rep.evidence.ranks)
+    if found:
+        assert "at step 3 of its schedule" in rep.findings[0].evidence[0]
