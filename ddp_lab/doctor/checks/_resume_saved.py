@@ -11,6 +11,7 @@ from collections import OrderedDict
 from .api import digest
 
 DEPTH = 5  # how deep into nested dicts and lists a saved or loaded object is read
+ITEMS = 10_000  # how many of its objects (a list of a million numbers is not a checkpoint's state)
 ORIGINS_KEPT = 20_000  # ids of loaded dicts remembered (the newest)
 
 
@@ -22,6 +23,13 @@ def walk(obj, depth=0):
     items = obj.values() if isinstance(obj, dict) else obj if isinstance(obj, (list, tuple)) else ()
     for v in items:
         yield from walk(v, depth + 1)
+
+
+def contents(obj) -> list:
+    """`obj` and what it holds (walk), the first ITEMS."""
+    from itertools import islice
+
+    return list(islice(walk(obj), ITEMS))
 
 
 def is_optimizer_state(d) -> bool:
@@ -114,7 +122,7 @@ class Origins:
         self.ids: OrderedDict = OrderedDict()
 
     def remember(self, obj, path: str) -> None:
-        for x in walk(obj):
+        for x in contents(obj):
             if isinstance(x, dict):
                 self.ids[id(x)] = (path, len(x))
         while len(self.ids) > ORIGINS_KEPT:

@@ -25,8 +25,8 @@ import time
 import weakref
 
 from ._resume_judge import judge
-from ._resume_saved import (Origins, holds_optimizer, is_optimizer_state, lrs, parts_of,
-                            path_of, state_digests, states_held, walk)
+from ._resume_saved import (Origins, contents, holds_optimizer, is_optimizer_state, lrs,
+                            parts_of, path_of, state_digests, states_held)
 from .api import Check
 
 
@@ -117,7 +117,7 @@ class _Rank:
 
     # --- saves and loads ---------------------------------------------------------------------
     def saved(self, obj, f, frame) -> None:
-        found = list(walk(obj))
+        found = contents(obj)
         states = [x for x in found if is_optimizer_state(x)]
         optimizers = [(o, i) for o, i in list(self.optimizers.items())
                       if any(x is o for x in found) or (states and holds_optimizer(states, o))]
@@ -132,7 +132,7 @@ class _Rank:
     def saved_states(self, obj, frame) -> None:
         """A save without an optimizer's state may hold a scheduler's or scaler's: a checkpoint
         written as several files (transformers' optimizer.pt, scheduler.pt, scaler.pt)."""
-        held = states_held(list(walk(obj)))
+        held = states_held(contents(obj))
         if held:
             self.ctx.add("resume-saves", {"where": self.ctx.user_line(frame), "file": None,
                                           "at": time.time(), "step": self.ctx.step,
@@ -143,7 +143,7 @@ class _Rank:
         if path is None:
             return
         self.origins.remember(obj, path)
-        self.file_states[path] = states_held(list(walk(obj)))  # a writer of another run's
+        self.file_states[path] = states_held(contents(obj))  # a writer of another run's
         where = self.ctx.user_line(frame)
         if where:
             self.ctx.add("resume-reads", {"where": where, "file": path, "step": self.ctx.step})
