@@ -5,9 +5,12 @@ Rank side (all without a collective: the training group is the user's):
 - torch.save / torch.serialization.save: when the object saved holds a state dict of a watched
   model (its keys, maybe under "model"/"state_dict"/..., maybe with a prefix such as DDP's
   "module." or torch.compile's "_orig_mod."), the file is loaded back (torch.load, weights_only
-  as torch.load's default) into a copy of the plain module: PyTorch's own load_state_dict message.
-  A file whose only fault is a wrapper's prefix (it loads once the prefix is off) is a warning:
-  the same wrapper resumes from it; shards (FSDP2's model.state_dict()) are an error.
+  as the script's own torch.load of it, else torch.load's default, and weights_only=False for
+  the file the script wrote when the default refuses an object in it) into a copy of the plain
+  module: PyTorch's own load_state_dict message.
+  A file whose only fault is a wrapper's prefix (it loads once the prefix is off) is a warning,
+  named at the wrapper's state_dict() call that gave the keys, and none when the script itself
+  loads the file back into that wrapper; shards (FSDP2's model.state_dict()) are an error.
 - nn.Module.load_state_dict(strict=False) called from the script that matches none of the
   module's keys: nothing loaded, nothing said.
 - dcp.save: this rank's plain tensors (not DTensors) are read back from the files with
@@ -162,7 +165,8 @@ def loaded_nothing(ctx, module, state_dict, out, strict) -> None:
 
 CHECK = Check(
     name="checkpoints",
-    mechanism="checkpoints the script writes reload into a plain model (torch.save and DCP)",
+    mechanism="checkpoints the script writes reload into a plain model, read as the script "
+              "reads them (torch.save and DCP)",
     lesson="09",
     codes={"checkpoint-does-not-reload": "error", "dcp-values-lost": "error",
            "dcp-load-into-copy": "error"},
@@ -172,4 +176,7 @@ CHECK = Check(
            "a torch.save line is reloaded its first 2 times only",
            "a saved state whose tensors are not the model's own (an EMA, a snapshot) is reloaded, "
            "its values are not compared with the model's",
-           "load_state_dict(strict=False) is judged only when the script calls it itself"))
+           "load_state_dict(strict=False) is judged only when the script calls it itself",
+           "a file with a wrapper's prefix is right when the script loads it back into that "
+           "wrapper in the same run; a reload uses the script's own torch.load arguments, else "
+           "weights_only=False for a file the default refuses (the script wrote it)"))
