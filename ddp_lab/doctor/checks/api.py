@@ -117,7 +117,8 @@ RANK_KEYS = {
     "model-changes": "wrapped: {what, names, kind, line, wrapped_at, step} per change",
     "samples": "samples: per DataLoader: {line, dataset, sampler, epochs}",
     "samples-refused": "samples: {line, type, message}: DataLoader.__init__ raised",
-    "saved": "checkpoints: {where, file, kind, prefix, ok | error | differs}",
+    "saved": "checkpoints: {where, saved_at, file, path, kind, prefix, how, ok | error | differs}",
+    "reloaded": "checkpoints: {path, where, into: wrapper|module} per strict load_state_dict of a file",
     "loaded-nothing": "checkpoints: load_state_dict(strict=False) that matched nothing",
     "dcp-saves": "checkpoints: {where, lost, count} per dcp.save",
     "dcp-loads": "checkpoints: {where, when, keys, shared, ok | differs} per dcp.load",
@@ -132,6 +133,17 @@ RANK_KEYS = {
     "compiles": "compiled: one record per frame dynamo compiled",
     "compile-breaks": "compiled: {step, reason, explain, where} per graph break",
     "compile-sites": "compiled: {assign, keyword, hooks}: lines of the script's source",
+    "resume-saves": "resume: {where, file, at, step, optimizers, parts: [{what, cls, line, held, "
+                    "pos, lr | scale}]} per torch.save holding an optimizer's state",
+    "resume-continues": "resume: {ord, step, file, where, at, schedulers, scalers, held} at an "
+                        "optimizer's first step after it loaded a state",
+    "resume-starts": "resume: {i, ord, step, line, model, optimizer, n} digests at each "
+                     "optimizer's first step (a DDP model's parameters)",
+    "resume-unused": "resume: {loaded, load, stepping, step}: a loaded optimizer another one replaced",
+    "resume-reads": "resume: {where, file, step} per torch.load from the user's code",
+    "resume-folders": "resume: {line, path} per tempfile.mkdtemp from the user's code",
+    "schedules": "schedule: {cls, length, of, line, length_line, pos, lr, resumed, member} per LR "
+                 "scheduler whose length is known, at its death or the script's end",
 }
 
 

@@ -60,6 +60,7 @@ class Context:
         self._roots: list[Watched] = []  # FSDP2's roots among _fsdp (models)
         self._others: list[Watched] = []
         self._functions: dict[Any, list[Callable]] = {}
+        self._built: dict[type, list[Callable]] = {}  # on_built: class -> callbacks
         self._local = threading.local()
         self._stepping_optimizer = None
         self.steps_by_optimizer = True  # the function API ends a step when train_step returns
@@ -104,6 +105,37 @@ class Context:
         One TorchFunctionMode serves every check (core: core.FunctionWatch)."""
         for f in funcs:
             self._functions.setdefault(f, []).append(fn)
+
+    def on_built(self, classes, fn: Callable) -> None:
+        """`fn(ctx, obj, frame)` once an instance of one of `classes` (or of a subclass) is built,
+        `frame` the caller of its constructor: what the script builds beside its models (an
+        optimizer, an LR scheduler, a GradScaler). Each class's `__init__` and its subclasses'
+        own are wrapped once; a subclass's `super().__init__` is the same build, reported once,
+        when the outermost returns. Never for the checks' own builds."""
+        for cls in classes:
+            self._built.setdefault(cls, []).append(fn)
+            for c in [cls, *_subclasses(cls)]:
+                if "__init__" in vars(c) and not getattr(c.__init__, "_watched", False):
+                    c.__init__ = self._built_init(c.__init__)
+
+    def _built_init(self, init):
+        import functools
+
+        @functools.wraps(init)
+        def built(obj, *args, **kwargs):
+            depth = getattr(self._local, "building", 0)
+            self._local.building = depth + 1
+            try:
+                init(obj, *args, **kwargs)
+            finally:
+                self._local.building = depth
+            if depth == 0 and not self.checking:
+                for cls, fns in self._built.items():
+                    for fn in fns if isinstance(obj, cls) else ():
+                        self.guard(fn)(self, obj, sys._getframe(1))
+
+        built._watched = True
+        return built
 
     def guard(self, fn: Callable) -> Callable:
         """`fn` wrapped so that an exception of the check's own code is recorded (under
@@ -201,6 +233,13 @@ class Context:
     def snapshot(self) -> dict:
         """Everything this rank recorded, as plain data (the torchrun path sends it whole)."""
         return dict(self.records, steps=self.steps)
+
+
+def _subclasses(cls) -> list:
+    found = []
+    for sub in cls.__subclasses__():
+        found += [sub, *_subclasses(sub)]
+    return found
 
 
 def class_name(module) -> str:

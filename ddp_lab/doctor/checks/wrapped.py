@@ -62,6 +62,26 @@ class _Trees:
         self.ctx.emit(CHANGES, [c for c, _ in self.changes])
 
 
+def _adopted_by_fsdp(param) -> bool:
+    """A DTensor parameter set by Module.load_state_dict(..., assign=True) into a fully_shard'ed
+    module: FSDP2 takes it as its sharded parameter in a load_state_dict post-hook
+    (torch/distributed/fsdp/_fully_shard/_fsdp_param.py:221-224 registers it; reset_sharded_param,
+    :995-1003, takes the module's new parameter), the way FSDP2's example resumes. DCP's load
+    copies into the parameters in place and sets none."""
+    import sys
+
+    import torch.nn.modules.module as module_py
+
+    if type(param).__name__ != "DTensor":
+        return False
+    frame = sys._getframe(2)
+    while frame is not None:
+        if frame.f_code.co_name == "load_state_dict" and frame.f_code.co_filename == module_py.__file__:
+            return True
+        frame = frame.f_back
+    return False
+
+
 def _qualified(prefix: str, name: str) -> str:
     return f"{prefix}.{name}" if prefix else name
 
@@ -79,6 +99,8 @@ def attach(ctx) -> None:
         if param is None or module._parameters.get(name) is param or trees.theirs():
             return
         prefix, w, _ = found
+        if w.kind == "fsdp2" and _adopted_by_fsdp(param):
+            return
         what = "parameter replaced" if name in module._parameters else "parameter added"
         trees.record(what, [_qualified(prefix, name)], w, id(module))
 
