@@ -181,6 +181,8 @@ class ScriptFiles:
     def holds(self, filename: str) -> bool:
         if filename.startswith(DYNAMIC):
             return self.dynamic
+        if filename.startswith("<"):  # "<frozen runpy>", "<string>": no file, though abspath
+            return False              # would place it in the working directory, the script's own
         name = os.path.abspath(filename)
         if name != self.script and not any(name.startswith(f + os.sep) for f in self.folders):
             return False

@@ -8,20 +8,24 @@ from __future__ import annotations
 
 import contextlib
 import os
-import runpy
 import sys
 import time
 import traceback
 import types
 
+from ...launching.frames import runner
+from ...launching.rankinfo import restart_clock
 from ..checks import checks_for
 from ..checks.api import Context
 from ..userline import describe
+from .as_main import run_as_main
+from .steps import StepClock
 
 
-class ScriptExit(Exception):
+class ScriptExit(SystemExit):
     """The script called sys.exit with a non-zero status (raised so that the launcher treats
-    the rank as failed, as torchrun does)."""
+    the rank as failed, as torchrun does; a SystemExit, so that the rank prints nothing for it,
+    as Python prints nothing for sys.exit(3))."""
 
     def __init__(self, code):
         super().__init__(f"the script exited with status {code}")
@@ -173,21 +177,14 @@ def attach_checks(ctx: Context, names) -> None:
             ctx.guard(check.attach)(ctx)
 
 
-def run_path(ctx: Context, path: str, args) -> int:
-    """Run the script as `__main__`; its exit status (an exception propagates)."""
-    sys.argv = [path, *map(str, args)]
-    folder = os.path.dirname(os.path.abspath(path))
-    if folder not in sys.path:
-        sys.path.insert(0, folder)
+@runner  # the launcher's frame, not the user's: tracebacks start at the script's own
+def run_path(ctx: Context, path: str, args, argv0: str | None = None) -> int:
+    """Run the script as `__main__`, as `python train.py` runs it (as_main.py); its exit status
+    (an exception propagates). `argv0`: the script's path as the user gave it."""
     mode = ctx.mode = function_mode(ctx)
     ctx.emit("started", True)
-    try:
-        with mode or contextlib.nullcontext():
-            runpy.run_path(path, run_name="__main__")
-    except SystemExit as exc:
-        code = exc.code
-        return 0 if code is None else code if isinstance(code, int) else 1
-    return 0
+    with mode or contextlib.nullcontext():
+        return run_as_main(path, args, argv0)
 
 
 def record_error(ctx: Context, exc: BaseException) -> None:
@@ -204,19 +201,24 @@ def record_error(ctx: Context, exc: BaseException) -> None:
                        "step": ctx.step, "at": time.time()})
 
 
-def script_rank(path: str, args, folder: str, names=None) -> dict:
-    """One launched rank: the checks attached, the script run; plain data back."""
+@runner
+def script_rank(path: str, args, folder: str, names=None, argv0: str | None = None,
+                clock: tuple | None = None) -> dict:
+    """One launched rank: the checks attached, the script run; plain data back. `clock`:
+    (timeout, first-step timeout) of the per-step clock (steps.py)."""
     ctx = Context(path, os.path.join(folder, f"rank{os.environ.get('RANK', '0')}.jsonl"))
     ctx.emit("script", os.path.basename(path))
+    steps = StepClock(ctx, *(clock or (None, None)), restart=restart_clock)
     install_core(ctx)
     attach_checks(ctx, names)
     code = 1
     try:
-        code = run_path(ctx, path, args)
+        code = run_path(ctx, path, args, argv0)
     except BaseException as exc:
         record_error(ctx, exc)
         raise
     finally:
+        steps.record()
         ctx.emit("exit", code)
         ctx.emit("group_started", ctx.group_started)
         ctx.finish()

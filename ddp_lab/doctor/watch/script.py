@@ -2,8 +2,10 @@
 ranks (ddp_lab.launch) with every registered check (ddp_lab/doctor/checks) attached.
 
 Each rank runs core.script_rank: the core's hooks and the checks' `attach(ctx)`, then the
-script as `__main__` with the environment torchrun gives (RANK, WORLD_SIZE, MASTER_ADDR/PORT on
-the launcher's store; the script calls its own init_process_group). Each rank writes its
+script as `__main__`, launched as torchrun starts a worker (`launch(..., as_torchrun=True)`:
+torchrun's variables on the launcher's store, fresh seeds, `python -u` streams; the script calls
+its own init_process_group); its output is passed on as it runs (`output`, console.py), and
+`--timeout` is per step (steps.py). Each rank writes its
 records to a file as it goes (a rank that hangs or is killed still told what it saw); the
 parent reads them, with the launch's flight record and stacks, into one `Evidence` that every
 check judges. Inside a torchrun job: torchrun.py.
@@ -14,7 +16,6 @@ import contextlib
 import os
 import shutil
 import tempfile
-import threading
 import time
 
 from ...launching.launcher import launch
@@ -23,9 +24,11 @@ from ..checks.api import Evidence
 from ..checks.context import read_records
 from ..errors import DoctorBug
 from ..report import BY_LINE, Report, dedupe
+from .console import Console, Progress
 from .core import script_rank
+from .steps import first_step_allowance
 
-DEFAULT_TIMEOUT = 60.0
+DEFAULT_TIMEOUT = 60.0  # seconds a step may take (the first step: steps.first_step_allowance)
 
 
 class WatchScriptError(ValueError):
@@ -37,11 +40,15 @@ class WatchScriptError(ValueError):
         self.output = output
 
 
-def validate_script(path: str, nproc, timeout) -> str:
+def validate_script(path: str, nproc, timeout, first_step_timeout=None) -> str:
     if not isinstance(nproc, int) or isinstance(nproc, bool) or nproc < 1:
         raise WatchScriptError(f"--nproc-per-node must be an integer >= 1, got {nproc!r}")
     if not isinstance(timeout, (int, float)) or timeout < 3:
         raise WatchScriptError(f"--timeout must be at least 3 seconds, got {timeout!r}")
+    if first_step_timeout is not None and (not isinstance(first_step_timeout, (int, float))
+                                           or first_step_timeout < 3):
+        raise WatchScriptError(f"--first-step-timeout must be at least 3 seconds, got "
+                               f"{first_step_timeout!r}")
     if not os.path.exists(path):
         raise WatchScriptError(f"no such script: {path}")
     if not os.path.isfile(path):
@@ -51,71 +58,46 @@ def validate_script(path: str, nproc, timeout) -> str:
     return os.path.abspath(path)
 
 
-class _Progress:
-    """A line on stderr while the ranks run: the step each rank has reached."""
-
-    def __init__(self, folder: str, nproc: int, name: str, stream):
-        self.folder, self.nproc, self.name, self.stream = folder, nproc, name, stream
-        self.stop = threading.Event()
-        self.tty = hasattr(stream, "isatty") and stream.isatty()
-        self.thread = threading.Thread(target=self._loop, daemon=True)
-
-    def _steps(self) -> list[int]:
-        out = []
-        for r in range(self.nproc):
-            try:
-                with open(os.path.join(self.folder, f"rank{r}.jsonl"), "rb") as f:
-                    out.append(f.read().count(b'"end":'))
-            except OSError:
-                out.append(0)
-        return out
-
-    def _loop(self) -> None:
-        last, shown = None, time.time()  # a run of a few seconds prints nothing
-        while not self.stop.wait(0.5):
-            steps = self._steps()
-            now = time.time()
-            if steps != last and now - shown > (1 if self.tty else 10):
-                text = f"watch {self.name}: steps done per rank {steps}"
-                self.stream.write(("\r" + text) if self.tty else text + "\n")
-                self.stream.flush()
-                last, shown = steps, now
-        if self.tty and last is not None:
-            self.stream.write("\n")
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.stop.set()
-        self.thread.join(2)
-
-
 def watch_script(path: str, args=(), nproc: int = 2, timeout: float = DEFAULT_TIMEOUT,
-                 checks=None, progress=None):
+                 checks=None, progress=None, first_step_timeout: float | None = None,
+                 output=None):
     """Run `path` (a training script, as `torchrun --nproc-per-node nproc path args` would) on
     real ranks with every watch check attached; the `Report`. Raises WatchScriptError when the
-    script cannot be watched. `checks`: names of the checks to attach (default: all)."""
-    script = validate_script(path, nproc, timeout)
+    script cannot be watched. `checks`: names of the checks to attach (default: all).
+    `timeout`: the seconds a step may take; `first_step_timeout` the first step's (default:
+    steps.first_step_allowance). `output(rank, stream, line)`: called with each line the
+    script writes, as it writes it (the CLI's console.py); `progress`: a stream for the steps
+    done per rank (or the CLI's Console, which shows both)."""
+    start = time.time()
+    script = validate_script(path, nproc, timeout, first_step_timeout)
+    first = first_step_allowance(timeout, first_step_timeout)
     folder = tempfile.mkdtemp(prefix="ddp-lab-watch-")
     try:
-        with (_Progress(folder, nproc, os.path.basename(path), progress) if progress
+        if progress is not None and not isinstance(progress, Console):
+            progress = Console(progress, progress)  # a stream: the progress line alone
+        with (Progress(folder, nproc, os.path.basename(path), progress) if progress
               else contextlib.nullcontext()):
-            run = launch(script_rank, script, list(args), folder, checks, world_size=nproc,
-                         timeout=timeout, init_process_group=False, grace=2.0,
+            run = launch(script_rank, script, list(args), folder, checks, str(path),
+                         (float(timeout), first), world_size=nproc, timeout=first,
+                         init_process_group=False, grace=2.0, as_torchrun=True, output=output,
                          label=f"watch {os.path.basename(path)}")
         ranks = [read_records(os.path.join(folder, f"rank{r}.jsonl")) for r in range(nproc)]
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-    _refuse_unstarted(run, ranks, path)
+    refuse_unstarted(run, ranks, path)
     ev = Evidence(ranks, run=run, script=script, world_size=nproc, args=tuple(args))
-    return build_report(ev, checks)
+    report = build_report(ev, checks)
+    report.seconds = time.time() - start
+    return report
 
 
 def _output(run, ranks=()) -> str:
     """The failing rank's traceback from the user's first frame (watch's and runpy's folded
-    away), else what it wrote to stderr."""
+    away), else what it wrote to stderr. `run` is None under torchrun."""
+    if run is None:
+        bad = next((r for r, rec in enumerate(ranks) if rec.get("error")), None)
+        text = ranks[bad]["error"].get("traceback", "") if bad is not None else ""
+        return f"rank {bad}:\n{text.rstrip()}"[-4000:] if text else ""
     root = run.root_cause or (run.ranks[0] if run.ranks else None)
     if root is None:
         return ""
@@ -125,18 +107,26 @@ def _output(run, ranks=()) -> str:
     return f"rank {root.rank}:\n{text.rstrip()}"[-4000:]
 
 
-def _refuse_unstarted(run, ranks: list[dict], path: str) -> None:
+STARTS = ("init_process_group", "init_device_mesh", "DeviceMesh(...)",
+          "fully_shard without a mesh")  # every way torch 2.13 starts the default group
+
+
+def refuse_unstarted(run, ranks: list[dict], path: str) -> None:
     """A script that never got going is bad input, not a finding: it fails before it starts a
     process group (a syntax error, an import error, its own argument parser), or it ends
-    without ever starting one."""
+    without ever starting one. `run` is None under torchrun."""
     started = any(r.get("group") for r in ranks)
     if started:
         return
     name = os.path.basename(path)
-    failed = [r for r in run.ranks if not r.ok]
+    if run is not None:
+        failed, status = [r for r in run.ranks if not r.ok], run.status
+    else:
+        failed = [r for r in ranks if r.get("error") or r.get("exit") or r.get("hung")]
+        status = "timeout" if any(r.get("hung") for r in ranks) else "error"
     if failed and not any(r.get("started") for r in ranks):
         raise DoctorBug(f"watch's own set-up failed on a rank before {name} started; please "
-                        f"report it with this output:\n{_output(run)}")
+                        f"report it with this output:\n{_output(run, ranks)}")
     if failed:
         rec = next((r for r in ranks if r.get("error") or r.get("exit")), {})
         err = rec.get("error") or {}
@@ -144,13 +134,19 @@ def _refuse_unstarted(run, ranks: list[dict], path: str) -> None:
             why = f"{name} failed before it started a process group: {err['type']}: {err['message'][:300]}"
         elif rec.get("exit"):
             why = f"{name} exited with status {rec['exit']} before it started a process group"
+        elif status == "timeout":
+            hooks = next((r.get("step-hooks") for r in ranks if r.get("step-hooks")), None) or {}
+            first = hooks.get("first") or (run.timeout if run is not None else None)
+            why = (f"{name} did not start a process group within the first step's allowance"
+                   + (f" ({first:g} s)" if first else "") + ": it hung, or its set-up needs "
+                   "longer (--first-step-timeout)")
         else:
-            why = f"{name} failed before it started a process group ({run.status})"
+            why = f"{name} failed before it started a process group ({status})"
         raise WatchScriptError(why, _output(run, ranks))
     raise WatchScriptError(
-        f"{name} never called torch.distributed.init_process_group: watch checks a distributed "
-        "training script, run as torchrun runs it (RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT "
-        "are set for it)")
+        f"{name} never started a process group ({', '.join(STARTS)}): watch checks a "
+        "distributed training script, run as torchrun runs it (RANK, WORLD_SIZE, MASTER_ADDR "
+        "and MASTER_PORT are set for it)")
 
 
 def build_report(ev: Evidence, checks=None) -> Report:
@@ -180,3 +176,17 @@ def build_report(ev: Evidence, checks=None) -> Report:
 def exit_status(report) -> int:
     """The CLI's: the script's own non-zero status, else 1 with an error-level finding, else 0."""
     return getattr(report, "script_status", 0) or report.exit_status
+
+
+def report_dict(report) -> dict:
+    """The report as JSON data, with the CLI's exit status (the script's own non-zero status,
+    else 1 with an error-level finding) and the script's own status."""
+    data = report.to_dict()
+    data["exit_status"] = exit_status(report)
+    data["script_status"] = getattr(report, "script_status", 0)
+    return data
+
+
+def error_dict(exc: Exception, status: int = 2) -> dict:
+    """A run that gave no report (bad input: exit 2; watch's own failure: 3) as JSON data."""
+    return {"error": str(exc), "exit_status": status, "output": getattr(exc, "output", "")}
