@@ -117,6 +117,9 @@ RANK_KEYS = {
     "model-changes": "wrapped: {what, names, kind, line, wrapped_at, step} per change",
     "samples": "samples: per DataLoader: {line, dataset, sampler, epochs}",
     "samples-refused": "samples: {line, type, message}: DataLoader.__init__ raised",
+    "samples-rows": "samples: {line, segments: [{tag, group, step, n, rows}]}: a hash per row of "
+                    "the first input of a data-parallel model's training forward, per DataLoader "
+                    "epoch or step",
     "saved": "checkpoints: {where, file, kind, prefix, ok | error | differs}",
     "loaded-nothing": "checkpoints: load_state_dict(strict=False) that matched nothing",
     "dcp-saves": "checkpoints: {where, lost, count} per dcp.save",
