@@ -110,11 +110,9 @@ class Rows:
         seg["view"] = seg["view"] or (base is not None and base.numel() > t.numel())
         if self.kept < KEPT:
             h = row_hashes(t, self.weights)
-            if h is None:
-                seg["unhashed"] = True
-                return
-            seg["rows"].append(h)
-            self.kept += min(ROWS, t.shape[0])
+            if h is not None:  # None: rows of one value, or a tensor whose rows are not read
+                seg["rows"].append(h)
+                self.kept += min(ROWS, t.shape[0])
 
     def _segment(self, w, group) -> dict | None:
         cur, step = self.samples.current, self.ctx.step
@@ -180,15 +178,29 @@ def row_hashes(t, weights: dict):
     bits = flat.view(getattr(torch, _INTS[size]))
     salt = zlib.crc32(f"{n} {t.dtype}".encode()) & 0xFFFF  # the same on every rank
     if bits.device.type == "cpu":
-        import numpy as np
+        return _on_cpu(bits, weights, salt)
+    return on_device(bits, weights, salt)
 
-        w = weights.get("cpu")
-        if w is None:
-            w = weights["cpu"] = np.random.default_rng(43).integers(
-                0, 1 << 63, COLS, dtype=np.uint64) * np.uint64(2) + np.uint64(1)
-        a = bits.numpy().astype(np.uint64)
-        h = (a * w[:a.shape[1]]).sum(axis=1, dtype=np.uint64) >> np.uint64(16)
-        return [v ^ salt for v in h.tolist()]
+
+def _on_cpu(bits, weights: dict, salt: int) -> list:
+    """numpy over the tensor's memory (no copy but the strided sample's), uint64 wrapping."""
+    import numpy as np
+
+    w = weights.get("cpu")
+    if w is None:
+        w = weights["cpu"] = np.random.default_rng(43).integers(
+            0, 1 << 63, COLS, dtype=np.uint64) * np.uint64(2) + np.uint64(1)
+    a = bits.numpy().astype(np.uint64)
+    h = (a * w[:a.shape[1]]).sum(axis=1, dtype=np.uint64) >> np.uint64(16)
+    return [v ^ salt for v in h.tolist()]
+
+
+def on_device(bits, weights: dict, salt: int):
+    """The same dot product in int64 on the tensor's device, left there (read at the run's end:
+    no sync per step); its values differ from the CPU's, the same on every rank of one device
+    type."""
+    import torch
+
     w = weights.get(bits.device)
     if w is None:
         g = torch.Generator().manual_seed(43)

@@ -14,7 +14,7 @@ import textwrap
 import pytest
 
 from ddp_lab.doctor.checks import _samples_overlap, _samples_runs
-from ddp_lab.doctor.checks._samples_rows import ROWS, row_hashes
+from ddp_lab.doctor.checks._samples_rows import ROWS, on_device, row_hashes
 from ddp_lab.doctor.checks.api import Evidence
 from ddp_lab.doctor.frames import ScriptFiles
 from ddp_lab.doctor.watch.script import watch_script
@@ -143,6 +143,46 @@ def test_a_generator_that_forgets_the_rank_is_caught(tmp_path):
     assert "32 of 32 rows" in hits[0].title
 
 
+# Another route into padded evaluation than b35's all_reduce of sums: predictions gathered with
+# all_gather_object. A second padded loader whose loss each rank keeps to itself stays quiet.
+GATHERED = HEAD + """
+def main():
+    dist.init_process_group("gloo")
+    model = DDP(nn.Linear(6, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    train, val, probe = data(16, 0), data(7, 1), data(9, 2)
+    sampler = DistributedSampler(train)
+    for epoch in range(2):
+        sampler.set_epoch(epoch)
+        for xb, yb in DataLoader(train, batch_size=4, sampler=sampler):
+            fit(model, opt, xb, yb)
+        model.eval()
+        with torch.no_grad():
+            mine = [model(xv).squeeze(1).tolist() for xv, _ in
+                    DataLoader(val, batch_size=4, sampler=DistributedSampler(val, shuffle=False))]
+            every = [None] * dist.get_world_size()
+            dist.all_gather_object(every, mine)
+            local = sum(nn.functional.mse_loss(model(xp), yp).item() for xp, yp in
+                        DataLoader(probe, batch_size=4, sampler=DistributedSampler(probe, shuffle=False)))
+        model.train()
+        print(f"rank {dist.get_rank()} probe loss {local:.3f}")
+    dist.destroy_process_group()
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def test_padded_predictions_gathered_across_ranks_are_caught(tmp_path):
+    path = write(tmp_path, GATHERED)
+    report = run(path)
+    hits = [f for f in report.findings if f.code == "eval-sampler-pads"]
+    assert [f.severity for f in hits] == ["warning"], loud(report)
+    assert hits[0].where == f"train.py:{line_of(path, 'DataLoader(val,')}: " \
+        "DataLoader(val, batch_size=4, sampler=DistributedSampler(val, shuffle=False))]"
+    assert "counts 1 sample(s) twice" in hits[0].title and "index 0" in " ".join(hits[0].evidence)
+
+
 # What must stay quiet: a shuffled training loader set_epoch'd each epoch (41 samples: one padded
 # repeat), a second training loader over other data of the same length and seed (its indices are
 # the first one's), a validation pass in the same order every epoch over an even set (its
@@ -221,6 +261,19 @@ def test_a_row_hash_is_the_rows_whatever_the_batch_around_it():
     assert len(row_hashes(torch.randn(ROWS + 5, 2).bfloat16(), w)) == ROWS
     long = torch.randn(3, 10_000)
     assert len(set(row_hashes(long, w))) == 3
+
+
+def test_the_hash_off_the_cpu_tells_rows_apart_the_same_way():
+    """The accelerator's path (int64 on the tensor's device, read back at the end), run here on
+    the CPU's tensors: this machine has no accelerator."""
+    import torch
+
+    bits = torch.randn(5, 7).view(torch.int32)
+    h = on_device(bits, {}, 3)
+    assert isinstance(h, torch.Tensor) and h.dtype == torch.int64
+    again = on_device(bits[[3, 0]].contiguous(), {}, 3).tolist()  # fresh weights: the same
+    assert again == [h[3].item(), h[0].item()] and len(set(h.tolist())) == 5
+    assert all(0 <= v < 1 << 48 for v in h.tolist())
 
 
 def test_the_line_of_a_loop_built_as_a_generator_is_where_it_was_built():
