@@ -8,7 +8,9 @@ first HEAD indices each drew, in order, and the backward() calls made while it w
   two orders, on every rank, and only where that prefix could not repeat by chance (at least
   BITS bits of a permutation); an epoch equal to the one just before it, with the same
   DistributedSampler epoch, is sampler-epoch-not-set's. Evaluation passes (no optimizer step
-  while iterated) and loaders over other data are not compared.
+  while iterated), loaders over other data, and an epoch that began before the other drew its
+  last batch (two loaders over one dataset in lockstep, two views of each sample) are not
+  compared.
 - eval-sampler-pads: an evaluation pass (run to its end, no backward and no optimizer step while
   iterated) over a DistributedSampler(drop_last=False) whose total_size exceeds the dataset: it
   repeats total_size - len(dataset) samples so every rank gets the same count
@@ -68,7 +70,7 @@ def _replays_on(loaders) -> list:
                 and prev[4]["sampler_epoch"] == b["sampler_epoch"] and _same(prev[4], b)):
             continue  # consecutive, the sampler's epoch unchanged: sampler-epoch-not-set's
         for _, _, _, la, a in earlier:
-            if _same(a, b):
+            if _same(a, b) and a.get("last", 0) <= b["seq"]:  # a drew its last before b began
                 m = min(len(a["head"]), len(b["head"]))
                 out.append((((loader["line"], b["k"]), (la["line"], a["k"])), (la, a, loader, b, n, m)))
                 break

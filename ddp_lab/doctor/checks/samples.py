@@ -97,7 +97,8 @@ def attach(ctx) -> None:
         finally:
             epoch = getattr(self, "_ddp_lab_epoch", None)
             if epoch is not None:
-                epoch["end"], epoch["bw"], rec.current = ctx.step, rec.backwards, epoch
+                epoch["end"], epoch["bw"], epoch["last"] = ctx.step, rec.backwards, rec.seq
+                rec.current = epoch
 
     base.__init__, base._reset, base._next_index, base.__next__ = (
         it_init, it_reset, it_next_index, it_next)
@@ -154,7 +155,7 @@ class _Recorder:
         epoch = {"line": self.ctx.user_line(frame), "began": describe(*began) if began else "",
                  "start": self.ctx.step, "end": self.ctx.step, "n": 0, "k": kept - 1,
                  "seq": self.seq, "head": [], "bw0": self.backwards, "bw": self.backwards,
-                 "red0": self.reductions, "red1": None,
+                 "red0": self.reductions, "red1": None, "last": self.seq + 1,
                  "draws": [] if kept <= SETS_KEPT else None, "order": hashlib.sha1(),
                  "complete": False, "cut": False, "unindexed": False,
                  "sampler_epoch": getattr(real_sampler(loader), "epoch", None), "rec": rec}
@@ -202,7 +203,7 @@ def _epoch_record(e: dict, n, reductions: int) -> dict:
     """An epoch as plain data: its count, a digest of its order, and (for the first epochs of a
     DataLoader line) the set of indices drawn."""
     out = {k: e[k] for k in ("line", "began", "start", "end", "complete", "unindexed",
-                             "sampler_epoch", "n", "k", "seq", "head")}
+                             "sampler_epoch", "n", "k", "seq", "last", "head")}
     out["backwards"] = e["bw"] - e["bw0"]  # backward() calls while it was iterated
     # results combined across ranks from its start until training resumed (or the run ended)
     out["reduced"] = (e["red1"] if e["red1"] is not None else reductions) - e["red0"]

@@ -185,7 +185,8 @@ def test_padded_predictions_gathered_across_ranks_are_caught(tmp_path):
 
 # What must stay quiet: a shuffled training loader set_epoch'd each epoch (41 samples: one padded
 # repeat), a second training loader over other data of the same length and seed (its indices are
-# the first one's), a validation pass in the same order every epoch over an even set (its
+# the first one's), a third over the first one's data in lockstep (two views of each sample), a
+# validation pass in the same order every epoch over an even set (its
 # results all_reduced), a padded evaluation set with drop_last=True, a generator sharded by rank,
 # an auxiliary DDP model fed constant rows, and one fed synthetic rows made the same on every
 # rank (a note).
@@ -203,18 +204,20 @@ def main():
     opt = torch.optim.SGD(list(model.parameters()) + list(aux.parameters())
                           + list(synth.parameters()), lr=0.01)
     a, b, val, odd = data(41, 0), data(41, 1), data(20, 2), data(21, 3)
-    sa, sb = DistributedSampler(a, seed=5), DistributedSampler(b, seed=5)
+    sa, sb, sc = DistributedSampler(a, seed=5), DistributedSampler(b, seed=5), DistributedSampler(a, seed=5)
     la, lb = DataLoader(a, batch_size=4, sampler=sa), DataLoader(b, batch_size=4, sampler=sb)
+    lc = DataLoader(a, batch_size=4, sampler=sc)
     lv = DataLoader(val, batch_size=4, sampler=DistributedSampler(val, shuffle=False))
     lo = DataLoader(odd, batch_size=4, sampler=DistributedSampler(odd, shuffle=False, drop_last=True))
     x, y = data(48, 4).tensors
     g = torch.Generator().manual_seed(0)
     for epoch in range(3):
-        sa.set_epoch(epoch)
-        sb.set_epoch(epoch)
-        for (xa, ya), (xb, yb) in zip(la, lb):
+        for sampler in (sa, sb, sc):
+            sampler.set_epoch(epoch)
+        for (xa, ya), (xb, yb), (xc, yc) in zip(la, lb, lc):
             fit(model, opt, xa, ya)
             fit(model, opt, xb, yb)
+            fit(model, opt, xc + 0.01 * torch.randn_like(xc), yc)
         for xs, ys in shard(x, y, 4):
             fit(model, opt, xs, ys)
             fit(aux, opt, torch.ones(4, 3), torch.zeros(4, 1))
@@ -320,6 +323,10 @@ def test_a_replay_is_told_from_chance_by_what_the_prefix_is_worth():
                                                 epoch(1, [3, 9, 1, 14, 6, 0, 12, 5], 0, 0, 1, backwards=0)],
                                                16)]}] * 2)
     assert _samples_runs.replays(evaluation) == []  # evaluation passes replay by design
+    h = [3, 9, 1, 14, 6, 0, 12, 5]
+    lockstep = Evidence([{"samples": [loader([epoch(0, h, 0, 2, last=2)], 16),
+                                      loader([epoch(1, h, 0, 2)], 16, "t.py:6: views = DataLoader(ds)")]}] * 2)
+    assert _samples_runs.replays(lockstep) == []  # two views of each sample, drawn together
 
 
 def test_padding_counts_only_where_the_results_are_combined():
