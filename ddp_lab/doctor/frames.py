@@ -13,6 +13,8 @@ Two questions, two answers:
 """
 from __future__ import annotations
 
+import dis
+import inspect
 import linecache
 import os
 import re
@@ -190,15 +192,48 @@ class ScriptFiles:
 
     def frame(self, frame):
         """(file, line number, the line's text) of the innermost frame in the user's files."""
-        while frame is not None:
-            name = frame.f_code.co_filename
-            if self.holds(name):
-                if name.startswith(DYNAMIC):  # named in the parent: userline.restore_where
-                    code = frame.f_code
-                    return f"<dynamic-code:{getattr(code, 'co_qualname', code.co_name)}>", frame.f_lineno, ""
-                return name, frame.f_lineno, linecache.getline(name, frame.f_lineno).strip()
+        found = self._innermost(frame)
+        return None if found is None else self._site(found, found.f_lineno)
+
+    def _innermost(self, frame):
+        while frame is not None and not self.holds(frame.f_code.co_filename):
             frame = frame.f_back
-        return None
+        return frame
+
+    def _site(self, frame, lineno: int):
+        name = frame.f_code.co_filename
+        if name.startswith(DYNAMIC):  # named in the parent: userline.restore_where
+            code = frame.f_code
+            return f"<dynamic-code:{getattr(code, 'co_qualname', code.co_name)}>", lineno, ""
+        return name, lineno, linecache.getline(name, lineno).strip()
+
+    def loop_start(self, frame):
+        """(file, line number, text) where the user's loop over an iterator began: the innermost
+        frame in the user's files, or, when that frame is a generator's (a function that wraps
+        the loop in `yield`: an endless loader, a prefetcher), the statement that built that
+        generator in the user's frame that runs it, found by the name holding it (the
+        generator's arguments, an epoch to start from, are given there); the generator's own
+        line when no name holds it."""
+        found = self._innermost(frame)
+        if found is None:
+            return None
+        caller = found.f_back
+        if found.f_code.co_flags & inspect.CO_GENERATOR and caller is not None \
+                and self.holds(caller.f_code.co_filename):
+            for name, value in list(caller.f_locals.items()):
+                if getattr(value, "gi_frame", None) is found:
+                    lineno = _stored_at(caller.f_code, name, caller.f_lineno)
+                    if lineno:
+                        return self._site(caller, lineno)
+        return self._site(found, found.f_lineno)
+
+
+def _stored_at(code, name: str, before: int) -> int | None:
+    """The line of `code` that last stores `name` at or before line `before` (else its first)."""
+    lines = [i.positions.lineno for i in dis.get_instructions(code)
+             if i.opname.startswith("STORE_") and i.argval == name and i.positions.lineno]
+    earlier = [n for n in lines if n <= before]
+    return (earlier or lines or [None])[-1 if earlier else 0]
 
 
 def script_frames(text: str, folder: str, innermost_first: bool) -> list:

@@ -19,12 +19,14 @@ def real_sampler(loader):
 
 
 def describe_sampler(loader) -> dict:
-    from torch.utils.data import WeightedRandomSampler
+    from torch.utils.data import RandomSampler, SubsetRandomSampler, WeightedRandomSampler
     from torch.utils.data.distributed import DistributedSampler
 
     s = real_sampler(loader)
     out = {"type": type(s).__name__, "line": getattr(s, "_ddp_lab_line", ""),
            "distributed": isinstance(s, DistributedSampler),
+           "shuffles": isinstance(s, (RandomSampler, SubsetRandomSampler, WeightedRandomSampler))
+           or bool(isinstance(s, DistributedSampler) and s.shuffle),
            "replacement": bool(getattr(s, "replacement", False)) or
            (isinstance(s, WeightedRandomSampler) and s.replacement),
            "batch_sampler": type(loader.batch_sampler).__name__,

@@ -18,11 +18,12 @@ def judge(ev) -> list[Finding]:
     ddp = any(m.get("kind") == "ddp" for r in ev.ranks for m in r.get("models") or [])
     for key, per_rank in streams.items():
         first = next(iter(per_rank.values()))["loader"]
-        ran = [e for s in per_rank.values() for e in s["epochs"] if e["end"] > e["start"]]
+        ran = [e for s in per_rank.values() for e in s["epochs"] if training(e)]
         if first["dataset"].get("iterable"):
             if ran:
                 out.append(_note(first, "reads an IterableDataset: the dataset's own __iter__ "
-                                 "decides what each rank reads; not checked"))
+                                 "decides what each rank reads; its indices are not checked, the "
+                                 "rows the model trains on from it are"))
             continue
         if ran and all(e["unindexed"] for e in ran):
             out.append(_note(first, "draws keys that are not integer positions: not checked"))
@@ -54,9 +55,16 @@ def _streams(ev) -> dict:
     return streams
 
 
+def training(e) -> bool:
+    """An epoch during which an optimizer step ended or backward() ran (not an evaluation pass,
+    not a peek): a step is counted by the first optimizer that stepped, so a run that builds a
+    new optimizer (a resume in the same process) trains on without steps ending."""
+    return e["end"] > e["start"] or bool(e.get("backwards"))
+
+
 def _trained(epochs) -> list:
-    """The epochs during which an optimizer step ended (not an evaluation pass, not a peek)."""
-    return [e for e in epochs if e["end"] > e["start"] and e["n"] and not e["unindexed"]]
+    """The training epochs with indices drawn."""
+    return [e for e in epochs if training(e) and e["n"] and not e["unindexed"]]
 
 
 def _elsewhere(streams, key) -> set:

@@ -121,6 +121,9 @@ RANK_KEYS = {
     "samples-refused": "samples: {line, type, message}: DataLoader.__init__ raised",
     "saved": "checkpoints: {where, saved_at, file, path, kind, prefix, how, ok | error | differs}",
     "reloaded": "checkpoints: {path, where, into: wrapper|module} per strict load_state_dict of a file",
+    "samples-rows": "samples: {line, segments: [{tag, group, step, n, rows}]}: a hash per row of "
+                    "the first input of a data-parallel model's training forward, per DataLoader "
+                    "epoch or step",
     "loaded-nothing": "checkpoints: load_state_dict(strict=False) that matched nothing",
     "dcp-saves": "checkpoints: {where, lost, count} per dcp.save",
     "dcp-loads": "checkpoints: {where, when, keys, shared, ok | differs} per dcp.load",
