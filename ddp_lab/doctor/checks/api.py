@@ -107,8 +107,8 @@ RANK_KEYS = {
     "lost": "under torchrun: True for a rank that never handed its records over",
     "check-errors": "add: 'check: Type: message' for a check's own failure (never raised)",
     "steps": "[{begin, end}] per step (a step ends when an optimizer's step() returns)",
-    "step-hooks": "emit (watch/steps.py): {steps, seconds, max, timeout, first}: the step-end "
-                  "hooks' time, the per-step timeout and the first step's allowance",
+    "step-hooks": "emit (watch's per-step clock): {steps, seconds, max, timeout, first}: the "
+                  "step-end hooks' time, the per-step timeout and the first step's allowance",
     # the checks' own (see each check's module)
     "collective-calls": "collectives: {op, step, line, shape, stack} per collective called",
     "step-line": "collectives: [file, line] of the user's frame at the first step's end",
