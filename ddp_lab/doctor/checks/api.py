@@ -129,6 +129,8 @@ RANK_KEYS = {
     "compiles": "compiled: one record per frame dynamo compiled",
     "compile-breaks": "compiled: {step, reason, explain, where} per graph break",
     "compile-sites": "compiled: {assign, keyword, hooks}: lines of the script's source",
+    "ddp-settings": "ddp_settings: {line, keyword, static_graph, world, steps, unused_steps, "
+                    "first_unused, logging} per DDP model built with find_unused_parameters=True",
 }
 
 
