@@ -115,6 +115,8 @@ RANK_KEYS = {
     "state-models": "state: {kind, line, sync_buffers} per wrapped model",
     "state-cost": "state: {steps_hashed, seconds}",
     "model-changes": "wrapped: {what, names, kind, line, wrapped_at, step} per change",
+    "requires-grad-frozen": "wrapped: {what, names, kind, line, wrapped_at, step} per freeze "
+                            "after DDP(...) that DDP does not handle (find_unused_parameters off)",
     "samples": "samples: per DataLoader: {line, dataset, sampler, epochs}",
     "samples-refused": "samples: {line, type, message}: DataLoader.__init__ raised",
     "saved": "checkpoints: {where, file, kind, prefix, ok | error | differs}",
