@@ -129,8 +129,11 @@ RANK_KEYS = {
     "logged.norm": "logged: {s, v, shard, replicated} per gradient norm",
     "logged.reduce": "logged: {s, i, op, before, after, rows, line} per all_reduce",
     "compiles": "compiled: one record per frame dynamo compiled",
-    "compile-breaks": "compiled: {step, reason, explain, where} per graph break",
-    "compile-sites": "compiled: {assign, keyword, hooks}: lines of the script's source",
+    "compile-breaks": "compiled: {step, reason, explain, where, callable, forward, every_call} "
+                      "per graph break",
+    "compile-sites": "compiled: {assign, keyword, hooks, reads}: lines of the script's source",
+    "compile-ran": "compiled: per callable torch.compile returned, the [first, last] step ranges "
+                   "it ran in",
     "ddp-settings": "ddp_settings: {line, keyword, static_graph, world, steps, unused_steps, "
                     "first_unused, logging} per DDP model built with find_unused_parameters=True",
 }
