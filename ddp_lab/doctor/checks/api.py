@@ -117,6 +117,8 @@ RANK_KEYS = {
     "state-models": "state: {kind, line, sync_buffers} per wrapped model",
     "state-cost": "state: {steps_hashed, seconds}",
     "model-changes": "wrapped: {what, names, kind, line, wrapped_at, step} per change",
+    "requires-grad-frozen": "wrapped: {what, names, kind, line, wrapped_at, step} per freeze "
+                            "after DDP(...) that DDP does not handle (find_unused_parameters off)",
     "samples": "samples: per DataLoader: {line, dataset, sampler, epochs}",
     "samples-refused": "samples: {line, type, message}: DataLoader.__init__ raised",
     "saved": "checkpoints: {where, saved_at, file, path, kind, prefix, how, ok | error | differs}",
@@ -136,8 +138,9 @@ RANK_KEYS = {
     "logged.norm": "logged: {s, v, shard, replicated} per gradient norm",
     "logged.reduce": "logged: {s, i, op, before, after, rows, line} per all_reduce",
     "compiles": "compiled: one record per frame dynamo compiled",
-    "compile-breaks": "compiled: {step, reason, explain, where} per graph break",
-    "compile-sites": "compiled: {assign, keyword, hooks}: lines of the script's source",
+    "compile-breaks": "compiled: {step, reason, explain, where, callable, forward, every_call} "
+                      "per graph break",
+    "compile-sites": "compiled: {assign, keyword, hooks, reads}: lines of the script's source",
     "resume-saves": "resume: {where, file, at, step, optimizers, parts: [{what, cls, line, held, "
                     "pos, lr | scale}]} per torch.save holding an optimizer's state",
     "resume-continues": "resume: {ord, step, file, where, at, schedulers, scalers, held} at an "
@@ -149,6 +152,10 @@ RANK_KEYS = {
     "resume-folders": "resume: {line, path} per tempfile.mkdtemp from the user's code",
     "schedules": "schedule: {cls, length, of, line, length_line, pos, lr, resumed, member} per LR "
                  "scheduler whose length is known, at its death or the script's end",
+    "compile-ran": "compiled: per callable torch.compile returned, the [first, last] step ranges "
+                   "it ran in",
+    "ddp-settings": "ddp_settings: {line, keyword, static_graph, world, steps, unused_steps, "
+                    "first_unused, logging} per DDP model built with find_unused_parameters=True",
 }
 
 
