@@ -129,6 +129,12 @@ RANK_KEYS = {
     "compiles": "compiled: one record per frame dynamo compiled",
     "compile-breaks": "compiled: {step, reason, explain, where} per graph break",
     "compile-sites": "compiled: {assign, keyword, hooks}: lines of the script's source",
+    "optimizer.made": "optimizer: {o, line, type} per optimizer built (o: its index on the rank)",
+    "optimizer.hyper": "optimizer: {o, k, s, v: per group [[key, value]], by: [{line, what}], "
+                       "stores?, shared?} at its first step and when its hyperparameters change",
+    "optimizer.idle": "optimizer: {o, line, s, at, params, elsewhere}: its 2nd step with no gradient",
+    "optimizer.stale": "optimizer: {o, k, s, line, built}: a step on gradients holding the last step's",
+    "optimizer.summary": "optimizer: [{o, line, k, chain, changes, v, live, idle}] at the end",
 }
 
 
