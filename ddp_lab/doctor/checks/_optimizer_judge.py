@@ -27,11 +27,20 @@ def _summaries(ev) -> list[dict]:
 
 
 def _hyperparameters(ev) -> list[Finding]:
+    out = []
+    for o, k, diff, recs, late in _partings(ev):
+        out.append(_parted_late(ev, o, late, recs) if late else _parted(ev, o, k, diff, recs))
+    return out
+
+
+def _partings(ev):
+    """(optimizer, its step, (group, key, values per rank), its records per rank, None) where
+    the hyperparameters of an optimizer shared across the ranks first differ; the last item is
+    each rank's summary instead when they part past the records kept."""
     if len(ev.ranks) < 2:
-        return []
+        return
     per = [_by_optimizer(r, "optimizer.hyper") for r in ev.ranks]
     summaries = _summaries(ev)
-    out = []
     for o in sorted(set.intersection(*(set(p) for p in per))):
         recs = [p[o] for p in per]
         if not all(rs[0]["k"] == 0 for rs in recs) or not _shared([rs[0].get("shared", {}) for rs in recs]):
@@ -39,17 +48,31 @@ def _hyperparameters(ev) -> list[Finding]:
         known = [s[o]["k"] for s in summaries if o in s]
         last = min(known) if known else max(rec["k"] for rs in recs for rec in rs) + 1
         for k in sorted({rec["k"] for rs in recs for rec in rs if rec["k"] < last}):
-            values = [_at(rs, k) for rs in recs]
-            diff = _difference(values)
+            diff = _difference([_at(rs, k) for rs in recs])
             if diff:
-                out.append(_parted(ev, o, k, diff, recs))
+                yield o, k, diff, recs, None
                 break
         else:
             finals = [s.get(o) for s in summaries]
             cut = any(f and f["changes"] > len(rs) for f, rs in zip(finals, recs))
             if cut and all(finals) and len({f["chain"] for f in finals}) > 1:
-                out.append(_parted_late(ev, o, finals, recs))
-    return out
+                yield o, None, None, recs, finals
+
+
+def first_parting(ev) -> dict | None:
+    """{step, line, what} of the first step at which an optimizer's hyperparameters differ
+    between ranks (the state check names it when the parameters part after it), or None."""
+    found = [(_step_of(k, recs), _parted(ev, o, k, diff, recs))
+             for o, k, diff, recs, late in _partings(ev) if not late]
+    if not found:
+        return None
+    step, f = min(found, key=lambda x: x[0])
+    return {"step": step, "line": f.where, "what": f.evidence[0]}
+
+
+def _step_of(k, recs) -> int:
+    """The run's step at which an optimizer took its step k (from a rank that recorded it)."""
+    return next(rec["s"] for rs in recs for rec in rs if rec["k"] == k)
 
 
 def _shared(firsts: list[dict]) -> bool:
@@ -88,7 +111,7 @@ def _difference(values):
 def _parted(ev, o, k, diff, recs) -> Finding:
     group, key, got = diff
     at = [next((rec for rec in rs if rec["k"] == k), None) for rs in recs]
-    step = next(rec["s"] for rec in at if rec is not None)
+    step = _step_of(k, recs)
     changed = [r for r, rec in enumerate(at) if rec is not None]
     what = f"group {group} {key}" if group is not None else key
     lines = [f"{what}: " + ", ".join(f"rank {r} {_num(v)}" for r, v in enumerate(got))

@@ -3,18 +3,29 @@ or a buffer differs between ranks, and the user's line: an edit made on some ran
 change after the wrap (wrapped.py's record), the line that wrote a buffer."""
 from __future__ import annotations
 
+from ._optimizer_judge import first_parting
 from .api import MODEL_CHANGES as CHANGES, Finding  # what checks/wrapped.py records
+
+NO_WRAPPER = "(no wrapper)"  # state.py's name for a parameter of a run with no wrapped model
 
 
 def judge(ev) -> list[Finding]:
-    rows = [{row["step"]: row for row in r.get("state", [])} for r in ev.ranks]
+    rows = [{row["step"]: row for row in r.get("state", []) if not row.get("exit")} for r in ev.ranks]
     if len(rows) < 2 or not all(rows):
         return []
+    _replicas_only(ev, rows)
+    exits = _exits(ev)
     out = []
     for kind in ("parameter", "buffer"):
-        hit = _first_difference(rows, kind)
+        hit, at_exit = _first_difference(rows, kind), False
+        if not hit and exits:
+            hit = _first_difference(exits, kind)
+            at_exit = max(set.intersection(*(set(r) for r in rows))) if hit else False
         if hit:
-            out.append((_parameters if kind == "parameter" else _buffers)(ev, *hit))
+            f = (_parameters if kind == "parameter" else _buffers)(ev, *hit)
+            if at_exit is not False:
+                f.title += f" (hashed when the script ended; equal after step {at_exit})"
+            out.append(f)
     if not out and all(not r[s]["parameter"] and not r[s]["buffer"] for r in rows for s in r) \
             and any(r[s]["sharded"] for r in rows for s in r):
         out.append(Finding(
@@ -35,6 +46,31 @@ def _first_difference(rows, kind):
     return None
 
 
+def _exits(ev):
+    """The rows each rank hashed when the script ended (the last step's state), keyed by that
+    step, when every rank ended after the same step; else None."""
+    ends = [[row for row in r.get("state", []) if row.get("exit")] for r in ev.ranks]
+    if not all(ends) or len({e[-1]["step"] for e in ends}) != 1:
+        return None
+    _replicas_only(ev, [{e[-1]["step"]: e[-1]} for e in ends])
+    return [{e[-1]["step"]: dict(e[-1], exit=True)} for e in ends]
+
+
+def _replicas_only(ev, rows) -> None:
+    """Parameters no wrapped model holds, in a run with none (a script that syncs its gradients
+    by hand), are compared only where every rank started with the same values (state-start):
+    ranks that each train their own model are not replicas."""
+    starts = [{} for _ in ev.ranks]
+    for r, rank in enumerate(ev.ranks):
+        for rec in rank.get("state-start", []) or []:
+            starts[r].update(rec["parameter"])
+    equal = {n for n in starts[0] if all(n in s for s in starts) and len({s[n] for s in starts}) == 1}
+    for r in rows:
+        for row in r.values():
+            row["parameter"] = {n: d for n, d in row["parameter"].items()
+                                if not n.endswith(NO_WRAPPER) or n in equal}
+
+
 def _hashes(name, states) -> str:
     return f"{name}: " + ", ".join(f"rank {r} {s[name]}" for r, s in enumerate(states))
 
@@ -53,6 +89,32 @@ def _uneven_edit(ev, kind, differ, step):
         if best is None or score > best[0]:
             best = (score, line, e, [r for r, c in enumerate(counts) if c])
     return best[1:] if best else None
+
+
+_UNSYNCED_WHY = ("the last backward of step {step} ({line}) was not all-reduced: {why}; what it "
+                 "added to the gradients is each rank's own")
+
+
+def unsynced_row(ev, step) -> dict | None:
+    """The first step, up to `step`, whose last backward DDP did not prepare for (any rank)."""
+    rows = [row for r in ev.ranks for row in r.get("state-unsynced", []) or [] if row["step"] <= step]
+    return min(rows, key=lambda row: row["step"]) if rows else None
+
+
+def _unsynced(ev, step):
+    """(where, fix) for parameters that part after a backward DDP did not all-reduce: the
+    statement that set require_backward_grad_sync after the forward (when one does), else the
+    backward's line; None when every step's last backward was DDP's."""
+    row = unsynced_row(ev, step)
+    if row is None:
+        return None
+    flag = row.get("flag") or []
+    if len(flag) == 1:
+        return flag[0], ("set model.require_backward_grad_sync before the forward: DDP reads it in "
+                         "forward (distributed.py:1828), so a change after it acts on the next forward")
+    return row["line"], ("end each optimizer step with a backward of a loss computed by DDP's forward "
+                         "(one backward of the summed losses; not through ddp.module, nor a forward "
+                         "inside no_sync with its backward outside)")
 
 
 def _change(ev, step):
@@ -80,6 +142,14 @@ def _parameters(ev, step, differ, states) -> Finding:
         ev_lines.append(f"{change['what']} after the model was wrapped ({change.get('wrapped_at', '')}): "
                         f"{where}")
         fix = "make the change before wrapping the model, or wrap it again afterwards"
+    elif (unsynced := _unsynced(ev, step)) is not None:
+        where, fix = unsynced
+        ev_lines.append(_UNSYNCED_WHY.format(**unsynced_row(ev, step)))
+    elif (parting := first_parting(ev)) is not None and parting["step"] <= step:
+        where = parting["line"]
+        ev_lines.append(f"the optimizers' hyperparameters part first ({parting['what']})"
+                        + (f", changed at {where}" if where else ""))
+        fix = "change the optimizer's hyperparameters the same way on every rank"
     if any(n.endswith("(in no wrapped model)") for n in differ):
         ev_lines.append("the optimizer steps parameters that no DDP(...) or fully_shard'ed module holds: "
                         "nothing reduces their gradients")

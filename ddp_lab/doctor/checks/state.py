@@ -20,13 +20,19 @@ from __future__ import annotations
 
 import sys
 import time
+import weakref
 
 from ..frames import first_of
 from ._state_judge import judge
+from ._state_backward import Backwards
+from ._writes import edit_functions, targets
 from .api import Check, digest
 
 FIRST, EVERY = 5, 10  # hash steps 0-4, then every 10th: a model's full hash is not free
-NOT_EDITS = {"requires_grad_", "share_memory_", "retain_grad_", "record_stream_"}
+
+
+IN_NO_MODEL = "(in no wrapped model)"  # a wrapped model exists: nothing reduces its gradients
+NO_WRAPPER = "(no wrapper)"  # no wrapped model: compared where the ranks started equal
 
 
 def due(step: int) -> bool:
@@ -59,20 +65,25 @@ def comparable(watched) -> list[tuple]:
     return out
 
 
-def outside(ctx, models, optimizers) -> dict:
-    """Parameters an optimizer steps that no wrapped model holds (a module left out of
-    fully_shard or DDP, a learnable loss weight): nothing reduces their gradients. Named as the
-    script's own modules name them (its frames' local nn.Modules), else by optimizer position."""
-    if not models:
-        return {}
+def outside(ctx, models, optimizers, labels: dict) -> dict:
+    """Parameters an optimizer steps that no wrapped model holds: with a wrapped model, a module
+    left out of fully_shard or DDP, a learnable loss weight (nothing reduces their gradients);
+    with none, the parameters of a script that keeps its replicas in step by hand (compared
+    where they were equal on every rank when their optimizer first stepped: the judge). Named
+    as the script's own modules name them (its frames' local nn.Modules), else by optimizer
+    position; each name kept in `labels` (by id) so that it never changes during the run."""
     inside = {id(p) for _, w, _, _, _ in models for p in w.module.parameters()}
     found = [(f"optimizer{k} group {g} #{i} {tuple(p.shape)}", p) for k, opt in enumerate(optimizers)
              for g, group in enumerate(opt.param_groups) for i, p in enumerate(group["params"])
              if id(p) not in inside and not _sharded(p)]
     if not found:
         return {}
-    names = _script_names(ctx)
-    return {f"{names.get(id(p), fallback)} (in no wrapped model)": p for fallback, p in found}
+    if any(id(p) not in labels for _, p in found):
+        names = _script_names(ctx)
+        suffix = IN_NO_MODEL if models else NO_WRAPPER
+        for fallback, p in found:
+            labels.setdefault(id(p), (f"{names.get(id(p), fallback)} {suffix}", p))
+    return {labels[id(p)][0]: p for _, p in found}
 
 
 def _script_names(ctx) -> dict:
@@ -101,9 +112,22 @@ class _Rank:
         self.edits: dict[str, dict] = {}
         self.dirty = False
         self.cost = 0.0  # seconds spent hashing (the README's cost figure)
-        self.optimizers: list = []
+        self._optimizers: list = []  # weak: a script that builds a new one per phase frees the old
+        self.started: dict = {}  # name -> digest before its optimizer's first step
+        self.labels: dict = {}  # id(param) -> (its name in the records, the param), see outside()
         self.modules: dict[int, tuple] = {}  # id -> (qualified name, the module, kept)
         self.buffers_named: set = set()
+
+    @property
+    def optimizers(self) -> list:
+        return [o for o in (r() for r in self._optimizers) if o is not None]
+
+    def stepping(self, opt) -> bool:
+        """Remember `opt`; True the first time it steps."""
+        if any(o is opt for o in self.optimizers):
+            return False
+        self._optimizers.append(weakref.ref(opt))
+        return True
 
     def refresh(self) -> None:
         self.ids.clear()
@@ -171,28 +195,6 @@ class _Rank:
             self.dirty = False
 
 
-def _targets(func, args, kwargs):
-    import torch.nn.functional as F
-
-    if func is F.batch_norm:
-        training = args[5] if len(args) > 5 else kwargs.get("training", False)
-        return [t for t in (args[1:3] if len(args) > 2 else ()) if t is not None] if training else []
-    first = args[0] if args else kwargs.get("tensor", kwargs.get("input"))
-    return [first] if first is not None else []
-
-
-def _edit_functions():
-    import torch
-
-    names = [n for n in dir(torch.Tensor) if n.endswith("_") and not n.startswith("_")
-             and n not in NOT_EDITS]
-    names += ["__setitem__", "__iadd__", "__isub__", "__imul__", "__itruediv__", "__idiv__"]
-    funcs = [getattr(torch.Tensor, n) for n in names if hasattr(torch.Tensor, n)]
-    funcs += [getattr(torch.nn.init, n) for n in dir(torch.nn.init) if n.endswith("_") and not n.startswith("_")]
-    funcs += [torch.Tensor.data.__set__, torch.nn.functional.batch_norm]
-    return funcs
-
-
 def attach(ctx) -> None:
     import torch
     from torch.nn.modules.module import register_module_buffer_registration_hook
@@ -205,12 +207,12 @@ def attach(ctx) -> None:
         if rank.in_optimizer:
             return
         frame = sys._getframe(1)
-        for t in _targets(func, args, kwargs):
+        for t in targets(func, args, kwargs):
             rank.wrote(t, frame)
         if func == setter and len(args) > 1 and rank.lookup(args[0]) is not None:
             rank._remember(args[0], rank.lookup(args[0]))  # its new storage
 
-    funcs = _edit_functions()
+    funcs = edit_functions()
     table = getattr(ctx, "_functions", None)  # the core's {func: handlers}
 
     def mute(quiet: bool) -> None:
@@ -224,8 +226,8 @@ def attach(ctx) -> None:
 
     def opt_begins(opt, args, kwargs):
         mute(True)
-        if not any(o is opt for o in rank.optimizers):
-            rank.optimizers.append(opt)
+        if rank.stepping(opt):  # its parameters as they start (the judge's replicas)
+            _started(ctx, rank)
 
     def buffer_set(module, name, tensor):  # `self.ema = 0.9 * self.ema + ...` re-registers it
         found = rank.modules.get(id(module))
@@ -242,7 +244,11 @@ def attach(ctx) -> None:
     ctx.on_torch_function(funcs, seen)
     ctx.on_model(lambda c, w: (rank.refresh(), c.add("state-models", _model_row(w))))
     ctx.on_step_end(lambda c: _step_end(c, rank))
-    ctx.on_finish(lambda c: rank.flush())
+    backwards = Backwards(ctx)
+    ctx.on_model(lambda c, w: backwards.model(w))
+    ctx.on_torch_function([torch.Tensor.backward, torch.autograd.backward], backwards.backward)
+    ctx.on_step_end(lambda c: backwards.step_end())
+    ctx.on_finish(lambda c: _at_exit(c, rank))
 
 
 def _model_row(w) -> dict:
@@ -252,22 +258,46 @@ def _model_row(w) -> dict:
 
 def _step_end(ctx, rank) -> None:
     rank.in_optimizer = False
-    step = ctx.step
-    if due(step):
-        began = time.perf_counter()
-        rank.refresh()
-        models = comparable(ctx.models)
-        row = {"step": step, "parameter": {}, "buffer": {}, "sharded": 0}
-        for i, _, params, buffers, sharded in models:
-            prefix = f"model{i}." if len(models) > 1 else ""
-            row["parameter"].update({prefix + n: digest(p) for n, p in params.items()})
-            row["buffer"].update({prefix + n: digest(b) for n, b in buffers.items()})
-            row["sharded"] += sharded
-        row["parameter"].update({n: digest(p) for n, p in outside(ctx, models, rank.optimizers).items()})
-        ctx.add("state", row)
-        rank.cost += time.perf_counter() - began
-        ctx.emit("state-cost", {"steps_hashed": len(ctx.records.get("state", [])), "seconds": rank.cost})
+    if due(ctx.step):
+        _hash(ctx, rank, {"step": ctx.step})
     rank.flush()
+
+
+def _at_exit(ctx, rank) -> None:
+    """The last step's state, hashed once when the script ends (the schedule thins out: a
+    parting at step 6 of 8 is seen here); not after an exception or a hang (a step cut short)."""
+    rank.flush()
+    if ctx.step and not any(k in ctx.records for k in ("error", "hung")):
+        _hash(ctx, rank, {"step": ctx.step - 1, "exit": True})
+
+
+def _hash(ctx, rank, row) -> None:
+    began = time.perf_counter()
+    rank.refresh()
+    models = comparable(ctx.models)
+    row.update({"parameter": {}, "buffer": {}, "sharded": 0})
+    for i, _, params, buffers, sharded in models:
+        prefix = f"model{i}." if len(models) > 1 else ""
+        row["parameter"].update({prefix + n: digest(p) for n, p in params.items()})
+        row["buffer"].update({prefix + n: digest(b) for n, b in buffers.items()})
+        row["sharded"] += sharded
+    row["parameter"].update({n: digest(p) for n, p in
+                             outside(ctx, models, rank.optimizers, rank.labels).items()})
+    ctx.add("state", row)
+    rank.cost += time.perf_counter() - began
+    ctx.emit("state-cost", {"steps_hashed": len(ctx.records.get("state", [])), "seconds": rank.cost})
+
+
+def _started(ctx, rank) -> None:
+    """The parameters of the optimizer that steps for the first time, that no wrapped model
+    holds, hashed before its first update: the judge compares those that start equal on every
+    rank (replicas kept in step by hand), never those each rank starts with its own."""
+    models = comparable(ctx.models)
+    found = {n: digest(p) for n, p in outside(ctx, models, rank.optimizers, rank.labels).items()
+             if n.endswith(NO_WRAPPER) and n not in rank.started}
+    if found:
+        rank.started.update(found)
+        ctx.add("state-start", {"step": ctx.step, "parameter": found})
 
 
 # --- the parent: _state_judge.py ---------------------------------------------------------------

@@ -1,0 +1,78 @@
+"""The last backward of each step against DDP's forward, on each rank (for the state check's
+line when the replicas part).
+
+DDP all-reduces the gradients of a backward only when its forward prepared the reducer: its
+`_post_forward` calls `reducer.prepare_for_backward` when grad is enabled and
+`require_backward_grad_sync` is True, and sets `require_forward_param_sync` to say which
+(torch/nn/parallel/distributed.py:1828-1841). The gradients an optimizer step applies are the
+sum of the step's backwards; the last of them must be one DDP prepared for, or what it adds is
+this rank's own (a no_sync accumulation ends with a synced backward, which reduces the sum). Two
+ways in: a backward through `ddp.module` (or the same output again) with no DDP forward since
+the previous backward, and a forward that ran with the sync off (the flag set after the forward,
+a forward inside no_sync with its backward outside). Recorded per step as "state-unsynced":
+{step, line: the backward's, why, flag: the statements that set require_backward_grad_sync when
+it changed between that forward and its backward}.
+"""
+from __future__ import annotations
+
+from ._source_lines import stores, user_files
+
+FLAG = "require_backward_grad_sync"
+
+
+class Backwards:
+    def __init__(self, ctx):
+        self.ctx = ctx
+        self.ddp: dict[int, object] = {}  # id(wrapper) -> wrapper, hooked
+        self.hooks: dict[int, object] = {}
+        self.prepared: dict[int, bool] = {}  # since the last backward: did its forward prepare?
+        self.used: set = set()  # wrappers with a grad-enabled forward in this step
+        self.last = None
+        self.flag_lines = None
+
+    def model(self, w) -> None:
+        if w.kind == "compiled":  # a hook changes what dynamo traces: none inside a compiled model
+            for key in [k for k, d in self.ddp.items() if any(m is d for m in w.module.modules())]:
+                self.hooks.pop(key).remove()
+                self.ddp.pop(key)
+            return
+        if w.kind != "ddp" or any(x.kind == "compiled" and any(m is w.wrapper for m in x.module.modules())
+                                  for x in self.ctx.models):
+            return
+        key = id(w.wrapper)
+        self.ddp[key] = w.wrapper
+        self.hooks[key] = w.wrapper.register_forward_hook(self.ctx.guard(self._forward))
+
+    def _forward(self, wrapper, args, output) -> None:
+        import torch
+
+        if torch.is_grad_enabled():  # an evaluation forward leaves the reducer as it was
+            self.prepared[id(wrapper)] = bool(getattr(wrapper, "require_forward_param_sync", True))
+            self.used.add(id(wrapper))
+
+    def backward(self, func, args, kwargs, result) -> None:
+        if not self.ddp:
+            return
+        why = None
+        for key in self.used:
+            prepared = self.prepared.pop(key, None)
+            if prepared is None:
+                why = "no DDP forward since the previous backward"
+            elif not prepared:
+                wrapper = self.ddp.get(key)
+                why = ("DDP's forward ran with require_backward_grad_sync False, set True only after it"
+                       if wrapper is not None and getattr(wrapper, FLAG, False)
+                       else "DDP's forward ran with require_backward_grad_sync False")
+        self.last = {"line": self.ctx.user_line(), "why": why}
+
+    def step_end(self) -> None:
+        last, self.last = self.last, None
+        self.used.clear()
+        if last is None or last["why"] is None:
+            return
+        row = {"step": self.ctx.step, **last}
+        if "only after it" in last["why"]:
+            if self.flag_lines is None:
+                self.flag_lines = stores(user_files(self.ctx), attr=FLAG)
+            row["flag"] = self.flag_lines[:5]
+        self.ctx.add("state-unsynced", row)
