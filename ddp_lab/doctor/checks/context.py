@@ -105,6 +105,14 @@ class Context:
         for f in funcs:
             self._functions.setdefault(f, []).append(fn)
 
+    def off_torch_function(self, funcs, fn: Callable) -> None:
+        """`fn` no longer called after `funcs` (a check that watches for a while: it leaves the
+        core's table, so the calls it no longer needs cost nothing)."""
+        for f in funcs:
+            handlers = self._functions.get(f)
+            if handlers is not None and fn in handlers:
+                handlers.remove(fn)
+
     def guard(self, fn: Callable) -> Callable:
         """`fn` wrapped so that an exception of the check's own code is recorded (under
         "check-errors"), never raised into the user's script."""

@@ -311,6 +311,9 @@ CHECK = Check(
            "state-not-compared": "info"},
     attach=attach, judge=judge, tools=("watch",),
     tests="tests/doctor/checks/test_state.py",
-    notes=("hashes steps 0-4, then every 10th step (a full hash of a large model is not free)",
+    notes=("hashes steps 0-4, then every 10th step, and the last step when the script ends (a full "
+           "hash of a large model is not free): a parting between two hashes is dated by the later one",
+           "with no wrapped model, the optimizers' parameters are compared where every rank started "
+           "with the same values (a script that syncs gradients by hand); each rank's own model is not",
            "FSDP2: sharded parameters hold a different shard per rank by design and are not compared",
            "DDP with its buffer sync on: buffers are overwritten by rank 0's before each forward, not compared"))
