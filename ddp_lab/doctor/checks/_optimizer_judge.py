@@ -59,17 +59,6 @@ def _partings(ev):
                 yield o, None, None, recs, finals
 
 
-def first_parting(ev) -> dict | None:
-    """{step, line, what} of the first step at which an optimizer's hyperparameters differ
-    between ranks (the state check names it when the parameters part after it), or None."""
-    found = [(_step_of(k, recs), _parted(ev, o, k, diff, recs))
-             for o, k, diff, recs, late in _partings(ev) if not late]
-    if not found:
-        return None
-    step, f = min(found, key=lambda x: x[0])
-    return {"step": step, "line": f.where, "what": f.evidence[0]}
-
-
 def _step_of(k, recs) -> int:
     """The run's step at which an optimizer took its step k (from a rank that recorded it)."""
     return next(rec["s"] for rs in recs for rec in rs if rec["k"] == k)

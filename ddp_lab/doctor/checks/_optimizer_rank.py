@@ -5,7 +5,7 @@ given and does, recorded at its `step()` — a few floats, a few attribute reads
   at every step, recorded when they change, with who changed them since the last step: a
   scheduler's `step()` or an optimizer's `load_state_dict`/`add_param_group` (wrapped at their
   classes, each records the user's line when a value changed), else the statements of the
-  user's files that store the changed key (`_source_lines.stores`: a plain dict's item has no
+  user's files that store the changed key (`userline.stores`: a plain dict's item has no
   hook), and where it was built.
 - Whether any of its parameters ever had a gradient when it stepped.
 - Whether the gradients it steps on are fresh: after its step, a few of its gradients are
@@ -20,7 +20,7 @@ import sys
 import weakref
 import zlib
 
-from ._source_lines import stores, user_files
+from ..userline import stores, user_files
 from .api import digest
 
 SAMPLED = 8  # gradients remembered per optimizer for the freshness test
@@ -137,7 +137,7 @@ class OptimizerRank:
         elif not t.pending:  # nothing we hook changed it: the user's own statements
             keys = {k.split("[")[0] for g0, g1 in zip(t.last, values) for (k, a), (_, b) in
                     zip(g0, g1) if a != b} if len(t.last) == len(values) else {"lr"}
-            row["stores"] = stores(user_files(self.ctx), keys)[:5]
+            row["stores"] = stores(user_files(self.ctx.script, self.ctx.is_user_file), keys)[:5]
         t.changes += 1
         t.chain = zlib.crc32(repr((t.k, values)).encode(), t.chain)
         self.ctx.add("optimizer.hyper", row)

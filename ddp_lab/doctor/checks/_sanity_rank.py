@@ -7,7 +7,7 @@
   `_foreach_norm` over the local tensors (a DTensor's shard), per tensor only when it is not
   finite.
 - `Module.to_empty` (wrapped at its class): the tensors it leaves hold whatever memory held. From
-  then until the next optimizer step, every in-place write (checks/_writes.py: nn.init, `x.uniform_`,
+  then until the next optimizer step, every in-place write (checks/context.py `in_place_functions`: nn.init, `x.uniform_`,
   load_state_dict's `copy_`) marks its tensor written, with the user's line and function; the
   tensors still unwritten at that step are recorded ("sanity.uninitialised") with, in the
   module's own order, the initialisations around the first of them: the line before which
@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import sys
 
-from ._writes import edit_functions, targets
+from .api import in_place_functions, written_by
 
 FIRST, EVERY = 5, 10  # the state check's schedule
 
@@ -108,11 +108,11 @@ class SanityRank:
             if ptr:
                 self.fresh[("ptr", ptr)] = (index, n, t)
         if self.funcs is None:
-            self.funcs = edit_functions()
+            self.funcs = in_place_functions()
             self.ctx.on_torch_function(self.funcs, self.wrote)
 
     def wrote(self, func, args, kwargs, result) -> None:
-        for t in targets(func, args, kwargs):
+        for t in written_by(func, args, kwargs):
             found = self.fresh.get(id(t))
             if found is None or found[2] is not t:
                 ptr = _ptr(t)

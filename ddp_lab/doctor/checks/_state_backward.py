@@ -15,7 +15,7 @@ it changed between that forward and its backward}.
 """
 from __future__ import annotations
 
-from ._source_lines import stores, user_files
+from ..userline import stores, user_files
 
 FLAG = "require_backward_grad_sync"
 
@@ -73,6 +73,6 @@ class Backwards:
         row = {"step": self.ctx.step, **last}
         if "only after it" in last["why"]:
             if self.flag_lines is None:
-                self.flag_lines = stores(user_files(self.ctx), attr=FLAG)
+                self.flag_lines = stores(user_files(self.ctx.script, self.ctx.is_user_file), attr=FLAG)
             row["flag"] = self.flag_lines[:5]
         self.ctx.add("state-unsynced", row)

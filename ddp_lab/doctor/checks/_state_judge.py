@@ -3,7 +3,6 @@ or a buffer differs between ranks, and the user's line: an edit made on some ran
 change after the wrap (wrapped.py's record), the line that wrote a buffer."""
 from __future__ import annotations
 
-from ._optimizer_judge import first_parting
 from .api import MODEL_CHANGES as CHANGES, Finding  # what checks/wrapped.py records
 
 NO_WRAPPER = "(no wrapper)"  # state.py's name for a parameter of a run with no wrapped model
@@ -117,6 +116,30 @@ def _unsynced(ev, step):
                          "inside no_sync with its backward outside)")
 
 
+def _hyperparameters_part(ev) -> dict | None:
+    """{step, line, what}: the first step at which an optimizer's hyperparameters differ between
+    ranks, read from the optimizer check's records ("optimizer.hyper": each rank's values when
+    they change, with who changed them), or None."""
+    per = [{} for _ in ev.ranks]
+    for r, rank in enumerate(ev.ranks):
+        for rec in rank.get("optimizer.hyper", []) or []:
+            per[r].setdefault(rec["o"], []).append(rec)
+    found = []
+    for o in set.intersection(*(set(p) for p in per)) if len(per) > 1 else ():
+        recs = [sorted(p[o], key=lambda x: x["k"]) for p in per]
+        for k in sorted({x["k"] for rs in recs for x in rs}):
+            values = [[x for x in rs if x["k"] <= k][-1]["v"] for rs in recs]
+            if any(v != values[0] for v in values[1:]):
+                changed = [x for rs in recs for x in rs if x["k"] == k]
+                by = [b["line"] for x in changed for b in x.get("by", []) if b.get("line")]
+                stores = [c for x in changed for c in x.get("stores", [])]
+                line = by[-1] if by else stores[0] if len(set(stores)) == 1 else ""
+                found.append({"step": changed[0]["s"], "line": line,
+                              "what": f"optimizer {o}'s step {k}"})
+                break
+    return min(found, key=lambda f: f["step"]) if found else None
+
+
 def _change(ev, step):
     for r in ev.ranks:
         for c in r.get(CHANGES, []):
@@ -145,9 +168,10 @@ def _parameters(ev, step, differ, states) -> Finding:
     elif (unsynced := _unsynced(ev, step)) is not None:
         where, fix = unsynced
         ev_lines.append(_UNSYNCED_WHY.format(**unsynced_row(ev, step)))
-    elif (parting := first_parting(ev)) is not None and parting["step"] <= step:
+    elif (parting := _hyperparameters_part(ev)) is not None and parting["step"] <= step:
         where = parting["line"]
-        ev_lines.append(f"the optimizers' hyperparameters part first ({parting['what']})"
+        ev_lines.append(f"the optimizers' hyperparameters part first, at step {parting['step']} "
+                        f"({parting['what']})"
                         + (f", changed at {where}" if where else ""))
         fix = "change the optimizer's hyperparameters the same way on every rank"
     if any(n.endswith("(in no wrapped model)") for n in differ):

@@ -18,7 +18,9 @@ ddp_lab/doctor/userline.py), and nothing of the tools above it.
   RunResult; None under torchrun), and for the doctor `subject` (the `Subject` it examined) and
   `where` (the code map that names code shipped by value).
 - `Subject`: the doctor's subject, frozen: what the user asked the doctor to examine.
-- `Finding`, `Report` (report.py), `brief` (a long message cut), `digest` (a tensor's hash).
+- `Finding`, `Report` (report.py), `brief` (a long message cut), `digest` (a tensor's hash),
+  `in_place_functions()` and `written_by(func, args, kwargs)` (what writes a tensor in place,
+  for `on_torch_function`).
 """
 from __future__ import annotations
 
@@ -27,10 +29,11 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..report import Finding, Report, brief
-from .context import KEEP, Context, Watched, class_name
+from .context import KEEP, Context, Watched, class_name, in_place_functions, written_by
 
 __all__ = ["Check", "Context", "Evidence", "Finding", "KEEP", "MODEL_CHANGES", "RANK_KEYS",
-           "Report", "Subject", "TIMED_OUT", "TOOLS", "Watched", "brief", "class_name", "digest"]
+           "Report", "Subject", "TIMED_OUT", "TOOLS", "Watched", "brief", "class_name", "digest",
+           "in_place_functions", "written_by"]
 TOOLS = ("watch", "doctor")
 LEVELS = ("error", "warning", "info")
 MODEL_CHANGES = "model-changes"  # the wrapped check's record, which the state check reads too
