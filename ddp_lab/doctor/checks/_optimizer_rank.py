@@ -192,10 +192,11 @@ class OptimizerRank:
             for t in sorted(self.tracked.values(), key=lambda t: t.index)])
 
 
-def _version(t) -> int:
-    """The version counter of a gradient's values: a DTensor's local tensor (FSDP2 accumulates
-    into `grad._local_tensor` in place: fsdp/_fully_shard/_fsdp_collectives.py:749)."""
-    return getattr(t, "_local_tensor", t)._version
+def _version(t) -> tuple:
+    """The version counters of a gradient: the tensor's (AccumulateGrad adds into it in place,
+    a DTensor's included) and a DTensor's local tensor's (FSDP2 accumulates into
+    `grad._local_tensor` in place: fsdp/_fully_shard/_fsdp_collectives.py:749)."""
+    return t._version, getattr(t, "_local_tensor", t)._version
 
 
 def _ptr(t):
