@@ -6,7 +6,12 @@ rank records are listed in api.py (RANK_KEYS).
 A step of the user's loop ends when an optimizer's `step()` returns (PyTorch's global
 `register_optimizer_step_post_hook`): step k runs from the end of step k-1 (or the script's start)
 to the end of step k, so a step that never returns (a hang, an exception) is the step it
-happened in. The models are found where the script wraps them: `DistributedDataParallel(...)`,
+happened in. Which optimizer's step ends a step (`Context.step_ended`): the first to step; then
+the newest optimizer of the same parameters (one that shares a parameter with it and never
+stepped before takes over: a resume that builds a new optimizer and loads a state), or any
+optimizer once the one that counted is gone (held weakly: the script owns its optimizers). An
+optimizer over other parameters (a GAN's second) steps inside the step; one replaced never ends
+a step again. The models are found where the script wraps them: `DistributedDataParallel(...)`,
 `fully_shard(...)`, `torch.compile(module)` (each wrapped at its class or module attribute before
 the script imports it).
 """
@@ -17,6 +22,7 @@ import os
 import sys
 import threading
 import time
+import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -61,7 +67,8 @@ class Context:
         self._others: list[Watched] = []
         self._functions: dict[Any, list[Callable]] = {}
         self._local = threading.local()
-        self._stepping_optimizer = None
+        self._stepping = None  # weakref to the optimizer whose step ends a step (step_ended)
+        self._stepped = weakref.WeakSet()  # every optimizer that ever stepped
         self.steps_by_optimizer = True  # the function API ends a step when train_step returns
         self.group_started = False
         self.mode = None  # the TorchFunctionMode serving on_torch_function (watch/core.py)
@@ -182,9 +189,7 @@ class Context:
         if optimizer is not None:
             if not self.steps_by_optimizer:
                 return
-            if self._stepping_optimizer is None:
-                self._stepping_optimizer = optimizer
-            if optimizer is not self._stepping_optimizer:
+            if not self._counts(optimizer):
                 return  # a second optimizer (a GAN's) steps inside the same step
         now = time.time()
         self.steps[-1]["end"] = now
@@ -195,6 +200,18 @@ class Context:
         if len(self.steps) < STEPS_KEPT:
             self.steps.append({"begin": time.time(), "end": None})
             self._write({"step": self.step, "begin": self.steps[-1]["begin"]})
+
+    def _counts(self, optimizer) -> bool:
+        """Whether `optimizer`'s step ends a step: the rule in the module's docstring."""
+        current = self._stepping() if self._stepping is not None else None
+        new = optimizer not in self._stepped
+        self._stepped.add(optimizer)
+        if current is optimizer:
+            return True
+        if current is None or (new and _shares_parameter(optimizer, current)):
+            self._stepping = weakref.ref(optimizer)
+            return True
+        return False
 
     def finish(self) -> None:
         if self.finished:
@@ -209,6 +226,12 @@ class Context:
     def snapshot(self) -> dict:
         """Everything this rank recorded, as plain data (the torchrun path sends it whole)."""
         return dict(self.records, steps=self.steps)
+
+
+def _shares_parameter(a, b) -> bool:
+    """Two optimizers with a parameter in common (their param groups)."""
+    mine = {id(p) for g in getattr(b, "param_groups", ()) for p in g.get("params", ())}
+    return any(id(p) in mine for g in getattr(a, "param_groups", ()) for p in g.get("params", ()))
 
 
 def class_name(module) -> str:
