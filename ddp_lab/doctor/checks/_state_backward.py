@@ -1,5 +1,6 @@
-"""The last backward of each step against DDP's forward, on each rank (for the state check's
-line when the replicas part).
+"""The gradients' path on each rank, for the state check's line when the replicas part: the last
+backward of each step against DDP's forward (Backwards), and the norms taken from the gradients
+(GradientReads, below).
 
 DDP all-reduces the gradients of a backward only when its forward prepared the reducer: its
 `_post_forward` calls `reducer.prepare_for_backward` when grad is enabled and
@@ -76,3 +77,44 @@ class Backwards:
                 self.flag_lines = stores(user_files(self.ctx.script, self.ctx.is_user_file), attr=FLAG)
             row["flag"] = self.flag_lines[:5]
         self.ctx.add("state-unsynced", row)
+
+
+class GradientReads:
+    """A norm taken from the optimizers' gradients (torch._foreach_norm, vector_norm, norm: what
+    get_total_norm and clip_grad_norm_ call), at the steps the state check hashes: the user's
+    line and a digest of the gradients it read ("state-grad-reads": {step, line, digest}). When
+    replicas part at a step, a norm whose gradients differed between ranks was each rank's own
+    (taken before their all_reduce): a per-rank value that, applied to the synchronised
+    gradients (clip_grads_with_norm_), makes the ranks' updates differ. Only gradients of
+    parameters the state check compares (not a sharded DTensor's: each rank's shard differs)."""
+
+    def __init__(self, ctx, rank, due, digest, sharded):
+        self.ctx, self.rank, self.due, self.digest, self.sharded = ctx, rank, due, digest, sharded
+        self.count = 0
+        self.pending: list = []  # (step, line, [(id, digest)]): kept at the step's end
+
+    def _grads(self) -> set:
+        return {id(p.grad) for opt in self.rank.optimizers for g in opt.param_groups for p in g["params"]
+                if p.grad is not None and not self.sharded(p)}
+
+    def read(self, func, args, kwargs, result) -> None:
+        if not self.due(self.ctx.step) or self.count >= 200:
+            return
+        first = args[0] if args else kwargs.get("input", kwargs.get("self", kwargs.get("tensors")))
+        read = first if isinstance(first, (list, tuple)) else [first]
+        grads = self._grads()
+        # before the first step no optimizer is known: any leaf that needs no gradient (as a
+        # gradient is), sorted out at the step's end, when the optimizer that stepped is
+        mine = [t for t in read if (id(t) in grads if grads else
+                                    getattr(t, "grad_fn", 0) is None and getattr(t, "requires_grad", True) is False)]
+        if mine:
+            self.count += 1
+            self.pending.append((self.ctx.step, self.ctx.user_line(), [(id(t), self.digest(t)) for t in mine]))
+
+    def step_end(self) -> None:
+        grads = self._grads() if self.pending else set()
+        for step, line, found in self.pending:
+            kept = [d for i, d in found if i in grads]
+            if kept:
+                self.ctx.add("state-grad-reads", {"step": step, "line": line, "digest": ",".join(kept)})
+        self.pending.clear()

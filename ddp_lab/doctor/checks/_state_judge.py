@@ -140,6 +140,24 @@ def _hyperparameters_part(ev) -> dict | None:
     return min(found, key=lambda f: f["step"]) if found else None
 
 
+def _local_norm(ev, step) -> dict | None:
+    """The first norm of the optimizers' gradients, at a step up to `step`, that read different
+    gradients on different ranks (state-grad-reads: the same line, the n-th of its step)."""
+    seen: dict = {}
+    for r, rank in enumerate(ev.ranks):
+        count: dict = {}
+        for rec in rank.get("state-grad-reads", []) or []:
+            if rec["step"] <= step:
+                key = (rec["step"], rec["line"], count.setdefault((rec["step"], rec["line"]), 0))
+                count[(rec["step"], rec["line"])] += 1
+                seen.setdefault(key, {})[r] = rec["digest"]
+    parted = [k for k, d in seen.items() if len(d) == len(ev.ranks) and len(set(d.values())) > 1]
+    if not parted:
+        return None
+    step_, line, _ = min(parted)
+    return {"step": step_, "line": line}
+
+
 def _change(ev, step):
     for r in ev.ranks:
         for c in r.get(CHANGES, []):
@@ -174,6 +192,13 @@ def _parameters(ev, step, differ, states) -> Finding:
                         f"({parting['what']})"
                         + (f", changed at {where}" if where else ""))
         fix = "change the optimizer's hyperparameters the same way on every rank"
+    elif (read := _local_norm(ev, step)) is not None:
+        where = read["line"]
+        ev_lines.append(f"the gradients' norm taken at {where} (step {read['step']}) read each rank's own "
+                        "gradients (they differed between ranks there): a per-rank value, and the ranks' "
+                        "updates differ after it")
+        fix = ("take the norm from the synchronised gradients (after their all_reduce), or clip with "
+               "clip_grad_norm_ after it: every rank must scale its gradients by the same factor")
     if any(n.endswith("(in no wrapped model)") for n in differ):
         ev_lines.append("the optimizer steps parameters that no DDP(...) or fully_shard'ed module holds: "
                         "nothing reduces their gradients")

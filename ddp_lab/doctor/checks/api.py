@@ -11,7 +11,8 @@ ddp_lab/doctor/userline.py), and nothing of the tools above it.
 - `Check`: a check's declaration (the registry, checks/__init__.py, finds it by its module).
 - `Context` (context.py): one rank's view of a watched run: the rank, the step, `models`
   (the `Watched` models the script wrapped), `add`/`emit` (plain data the parent reads back),
-  the callbacks (`on_step_end`, `on_model`, `on_finish`, `on_torch_function`), `user_line()` and
+  the callbacks (`on_step_end`, `on_model`, `on_finish`, `on_torch_function` and, for a check
+  that watches for a while, `off_torch_function`), `user_line()` and
   `guard(fn)` (a check's own exception is recorded, never raised into the user's code).
 - `Evidence`: what a judge reads in the parent: `ranks` (per rank, {key: value}: RANK_KEYS
   below for watch; a phase's records and returned value for the doctor), `run` (the launch's
@@ -117,6 +118,16 @@ RANK_KEYS = {
     "state-edits": "state: edits of parameters or buffers outside the optimizer, per line",
     "state-models": "state: {kind, line, sync_buffers} per wrapped model",
     "state-cost": "state: {steps_hashed, seconds}",
+    "state-start": "state: {step, parameter: {name: digest}}: parameters no wrapped model holds, "
+                   "before their optimizer's first step",
+    "state-unsynced": "state: {step, line, why, flag?}: a step whose last backward DDP did not prepare",
+    "state-grad-reads": "state: {step, line, digest}: a norm of the optimizers' gradients, at hashed steps",
+    "sanity.loss": "sanity: {s, v, line}: the first non-finite loss a backward started from",
+    "sanity.params": "sanity: {s, when, names, tensors, values, of, finite_until}: the first non-finite "
+                     "parameters",
+    "sanity.uninitialised": "sanity: {s, line, names, count, of, before, after, missing_before?}: "
+                            "tensors to_empty left unwritten at the first step",
+    "sanity.summary": "sanity: {losses, non_finite_losses, finite_until} at the end",
     "model-changes": "wrapped: {what, names, kind, line, wrapped_at, step} per change",
     "samples": "samples: per DataLoader: {line, dataset, sampler, epochs}",
     "samples-refused": "samples: {line, type, message}: DataLoader.__init__ raised",

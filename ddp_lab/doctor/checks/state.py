@@ -24,7 +24,7 @@ import weakref
 
 from ..frames import first_of
 from ._state_judge import judge
-from ._state_backward import Backwards
+from ._state_backward import Backwards, GradientReads
 from ._state_rank import Rank, comparable, is_sharded
 from .api import Check, digest, in_place_functions, written_by
 
@@ -127,6 +127,10 @@ def attach(ctx) -> None:
     ctx.on_model(lambda c, w: backwards.model(w))
     ctx.on_torch_function([torch.Tensor.backward, torch.autograd.backward], backwards.backward)
     ctx.on_step_end(lambda c: backwards.step_end())
+    reads = GradientReads(ctx, rank, due, digest, is_sharded)
+    ctx.on_torch_function([torch._foreach_norm, torch.linalg.vector_norm, torch.norm, torch.Tensor.norm],
+                          reads.read)
+    ctx.on_step_end(lambda c: reads.step_end())
     ctx.on_finish(lambda c: _at_exit(c, rank))
 
 
@@ -160,8 +164,10 @@ def _hash(ctx, rank, row) -> None:
         row["parameter"].update({prefix + n: digest(p) for n, p in params.items()})
         row["buffer"].update({prefix + n: digest(b) for n, b in buffers.items()})
         row["sharded"] += sharded
-    row["parameter"].update({n: digest(p) for n, p in
-                             outside(ctx, models, rank.optimizers, rank.labels).items()})
+    found = outside(ctx, models, rank.optimizers, rank.labels)
+    if row.get("exit") and not rank.optimizers:  # the script freed them (main() returned): the
+        found = dict(rank.labels.values())  # parameters they stepped, as labelled (held there)
+    row["parameter"].update({n: digest(p) for n, p in found.items()})
     ctx.add("state", row)
     rank.cost += time.perf_counter() - began
     ctx.emit("state-cost", {"steps_hashed": len(ctx.records.get("state", [])), "seconds": rank.cost})

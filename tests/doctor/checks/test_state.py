@@ -16,7 +16,8 @@ from conftest import corpus_report
 CORPUS = os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, "corpus", "watch")
 CASES = {  # case folder -> (code, severity, lesson, a unique substring of broken.py's faulty line)
     "b43_aux_loss_module_backward": ("parameters-differ-after-step", "error", "01", "cons.backward()"),
-    "b44_handsync_clip_norm": ("parameters-differ-after-step", "error", "01", None),
+    "b44_handsync_clip_norm": ("parameters-differ-after-step", "error", "01",
+                               "grad_norm = torch.nn.utils.get_total_norm"),
     "10_batchnorm_stats_not_broadcast": ("buffers-differ-after-step", "warning", "08",
                                          "model = DDP(Net(), broadcast_buffers=False)"),
     "11_rank0_load_after_wrap": ("parameters-differ-after-step", "error", "01",
@@ -214,7 +215,7 @@ def main():
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     torch.manual_seed(0)
-    model = DDP(nn.Linear(4, 2))
+    model = {model}
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     for step in range(8):
         opt.zero_grad()
@@ -229,12 +230,14 @@ main()
 """
 
 
+@pytest.mark.parametrize("model", ["DDP(nn.Linear(4, 2))", "nn.Linear(4, 2)"])
 @pytest.mark.parametrize("who, caught", [("rank == 0", True), ("True", False)])
-def test_a_parting_after_the_hashed_steps_is_seen_at_exit(tmp_path, who, caught):
+def test_a_parting_after_the_hashed_steps_is_seen_at_exit(tmp_path, who, caught, model):
     """Steps 0-4 are hashed, then every 10th: a parting at step 6 of 8 is seen in the last
-    step's hash, taken when the script ends."""
+    step's hash, taken when the script ends; with no wrapper (replicas that see the same data),
+    the parameters the optimizer stepped last, though the script freed it when main() returned."""
     path = tmp_path / "train.py"
-    path.write_text(textwrap.dedent(LATE.format(who=who)))
+    path.write_text(textwrap.dedent(LATE.format(who=who, model=model)))
     report = run(str(path), checks=("state",))
     hits = [f for f in report.findings if f.code == "parameters-differ-after-step"]
     assert all([x["step"] for x in r["state"] if x.get("exit")] == [7] for r in report.evidence.ranks)
@@ -282,6 +285,51 @@ def test_parameters_no_wrapper_holds_are_compared_where_the_ranks_started_equal(
         assert hits == [] and report.status == "ok"
         return
     assert hits and hits[0].evidence[0].startswith("weight (no wrapper): rank 0 ") and "after step 0" in hits[0].title
+
+
+LOCAL_NORM = """
+import torch, torch.distributed as dist, torch.nn as nn
+
+
+def main():
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    model = nn.Linear(4, 2)
+    params = list(model.parameters())
+    opt = torch.optim.SGD(params, lr=0.1)
+    for step in range(3):
+        opt.zero_grad()
+        model(torch.randn(8, 4) + 3 * rank).pow(2).mean().backward()
+        {before}
+        for p in params:
+            dist.all_reduce(p.grad)
+            p.grad /= world
+        {after}
+        torch.nn.utils.clip_grads_with_norm_(params, 0.01, norm)
+        opt.step()
+    dist.destroy_process_group()
+
+
+main()
+"""
+NORM = "norm = torch.nn.utils.get_total_norm([p.grad for p in params])"
+
+
+@pytest.mark.parametrize("before, after, caught", [("pass", NORM, False), (NORM, "pass", True)])
+def test_a_norm_of_each_ranks_own_gradients_is_named(tmp_path, before, after, caught):
+    """Hand-synced replicas clipped by a norm taken before the all_reduce: each rank scales the
+    same averaged gradients by its own factor (the norm is read at step 0, before any optimizer
+    has stepped: the reads are sorted out at the step's end)."""
+    path = tmp_path / "train.py"
+    path.write_text(textwrap.dedent(LOCAL_NORM.format(before=before, after=after)))
+    report = run(str(path), checks=("state",))
+    hits = [f for f in report.findings if f.code == "parameters-differ-after-step"]
+    if not caught:
+        assert hits == [] and report.status == "ok"
+        return
+    assert hits and hits[0].where == f"train.py:{line_of(path, NORM)}: {NORM}" and "after step 0" in hits[0].title
+    assert any("read each rank's own gradients" in e for e in hits[0].evidence)
 
 
 ACCUMULATE = """
