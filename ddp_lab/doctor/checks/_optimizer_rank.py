@@ -67,6 +67,7 @@ class OptimizerRank:
     def __init__(self, ctx):
         self.ctx = ctx
         self.tracked = weakref.WeakKeyDictionary()
+        self.every: list[Tracked] = []  # the summary's, freed optimizers' included (a rebuilt one)
         self.count = 0
         self.zeroed: set = set()  # ids and data pointers of tensors zeroed since a step ended
         self.depth = 0  # inside a wrapped scheduler step (SequentialLR steps its children)
@@ -77,6 +78,8 @@ class OptimizerRank:
             return  # a subclass's __init__ calling ours
         line = self.ctx.user_line(_caller(frame))
         self.tracked[opt] = Tracked(self.count, line)
+        self.every.append(self.tracked[opt])
+        weakref.finalize(opt, setattr, self.tracked[opt], "sampled", [])  # its parameters, freed with it
         self.count += 1
         self.ctx.add("optimizer.made", {"o": self.tracked[opt].index, "line": line,
                                         "type": type(opt).__name__})
@@ -189,7 +192,7 @@ class OptimizerRank:
         self.ctx.emit("optimizer.summary", [
             {"o": t.index, "line": t.line, "k": t.k, "chain": t.chain, "changes": t.changes,
              "v": [list(map(list, g)) for g in t.last or ()], "live": t.live, "idle": t.idle}
-            for t in sorted(self.tracked.values(), key=lambda t: t.index)])
+            for t in self.every])
 
 
 def _version(t) -> tuple:

@@ -37,6 +37,7 @@ class SanityRank:
         self.fresh: dict[int, tuple] = {}  # id or ("ptr", p) -> (root index, name)
         self.roots: list[dict] = []  # per to_empty: {module, line, names, written: {name: (line, fn)}}
         self.funcs = None
+        self.last_groups: list = []  # the last stepping optimizer's param groups (sanity.py)
 
     # --- the loss ------------------------------------------------------------------------------
     def backward(self, func, args, kwargs, result) -> None:
@@ -64,7 +65,8 @@ class SanityRank:
 
     def at_exit(self, optimizers) -> None:
         if not self.params_bad and self.ctx.step and not any(k in self.ctx.records for k in ("error", "hung")):
-            params = [p for opt in optimizers for g in opt.param_groups for p in g["params"]]
+            groups = [g for opt in optimizers for g in opt.param_groups] or self.last_groups
+            params = [p for g in groups for p in g["params"]]
             self._finite(params, f"when the script ended (after step {self.ctx.step - 1})", self.ctx.step)
         self.ctx.emit("sanity.summary", {"losses": self.losses, "non_finite_losses": self.bad_losses,
                                          "finite_until": self.finite_until})

@@ -40,6 +40,7 @@ def attach(ctx) -> None:
 
     def before(opt, args, kwargs):
         optimizers.add(opt)
+        rank.last_groups = opt.param_groups  # its parameters, for the exit when it is freed
         rank.before_step(opt)
 
     register_optimizer_step_pre_hook(ctx.guard(before))

@@ -119,3 +119,28 @@ def test_tensors_to_empty_left_unwritten_are_named_where_their_initialisation_is
     assert hits[0].where == f"train.py:{line_of(path, 'self.head.reset_parameters()')}: self.head.reset_parameters()"
     assert hits[0].title.startswith("4 parameter(s)") and "blocks.0.weight" in hits[0].evidence[0]
     assert f"train.py:{line_of(path, 'model.to_empty')}:" in hits[0].evidence[0]
+
+
+AT_EXIT = """
+model = nn.Linear(4, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(7):
+    loss = model(torch.randn(8, 4)).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    {poison}
+"""
+
+
+@pytest.mark.parametrize("poison, caught", [
+    ("if step == 6: model.weight.data.fill_(float('nan'))", True), ("pass", False)])
+def test_parameters_gone_non_finite_after_the_last_step_checked_are_found_at_exit(tmp_path, poison, caught):
+    """Checked before steps 0-4 and when the script ends: the script freed its optimizer (main()
+    returned), the parameters it stepped last are read all the same."""
+    path, hits, report = run(tmp_path, AT_EXIT.format(poison=poison))
+    if not caught:
+        assert hits == [] and report.status == "ok"
+        return
+    assert [f.code for f in hits] == ["non-finite-parameters"]
+    assert any("when the script ended" in line for line in [hits[0].title, *hits[0].evidence])
