@@ -7,7 +7,7 @@
   `_foreach_norm` over the local tensors (a DTensor's shard), per tensor only when it is not
   finite.
 - `Module.to_empty` (wrapped at its class): the tensors it leaves hold whatever memory held. From
-  then until the next optimizer step, every in-place write (checks/context.py `in_place_functions`: nn.init, `x.uniform_`,
+  then until the next optimizer step, every in-place write (checks/_context_writes.py `in_place_functions`: nn.init, `x.uniform_`,
   load_state_dict's `copy_`) marks its tensor written, with the user's line and function; the
   tensors still unwritten at that step are recorded ("sanity.uninitialised") with, in the
   module's own order, the initialisations around the first of them: the line before which

@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..report import Finding, Report, brief
-from .context import KEEP, Context, Watched, class_name, in_place_functions, written_by
+from ._context_writes import in_place_functions, written_by
+from .context import KEEP, Context, Watched, class_name
 
 __all__ = ["Check", "Context", "Evidence", "Finding", "KEEP", "MODEL_CHANGES", "RANK_KEYS",
            "Report", "Subject", "TIMED_OUT", "TOOLS", "Watched", "brief", "class_name", "digest",

@@ -6,12 +6,7 @@ rank records are listed in api.py (RANK_KEYS).
 A step of the user's loop ends when an optimizer's `step()` returns (PyTorch's global
 `register_optimizer_step_post_hook`): step k runs from the end of step k-1 (or the script's start)
 to the end of step k, so a step that never returns (a hang, an exception) is the step it
-happened in. Which optimizer's step ends a step (`Context.step_ended`): the first to step; then
-the newest optimizer of the same parameters (one that shares a parameter with it and never
-stepped before takes over: a resume that builds a new optimizer and loads a state), or any
-optimizer once the one that counted is gone (held weakly: the script owns its optimizers). An
-optimizer over other parameters (a GAN's second) steps inside the step; one replaced never ends
-a step again. The models are found where the script wraps them: `DistributedDataParallel(...)`,
+happened in. Which optimizer's step ends a step: _context_steps.py. The models are found where the script wraps them: `DistributedDataParallel(...)`,
 `fully_shard(...)`, `torch.compile(module)` (each wrapped at its class or module attribute before
 the script imports it).
 """
@@ -22,13 +17,13 @@ import os
 import sys
 import threading
 import time
-import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..frames import ScriptFiles
 from ..userline import describe
+from ._context_steps import StepOptimizer
 
 KEEP = 500  # items kept per `add` key (the newest are dropped: the first are the evidence)
 STEPS_KEPT = 100_000
@@ -67,8 +62,7 @@ class Context:
         self._others: list[Watched] = []
         self._functions: dict[Any, list[Callable]] = {}
         self._local = threading.local()
-        self._stepping = None  # weakref to the optimizer whose step ends a step (step_ended)
-        self._stepped = weakref.WeakSet()  # every optimizer that ever stepped
+        self._stepping = StepOptimizer()  # which optimizer's step ends a step
         self.steps_by_optimizer = True  # the function API ends a step when train_step returns
         self.group_started = False
         self.mode = None  # the TorchFunctionMode serving on_torch_function (watch/core.py)
@@ -189,7 +183,7 @@ class Context:
         if optimizer is not None:
             if not self.steps_by_optimizer:
                 return
-            if not self._counts(optimizer):
+            if not self._stepping.counts(optimizer):
                 return  # a second optimizer (a GAN's) steps inside the same step
         now = time.time()
         self.steps[-1]["end"] = now
@@ -200,18 +194,6 @@ class Context:
         if len(self.steps) < STEPS_KEPT:
             self.steps.append({"begin": time.time(), "end": None})
             self._write({"step": self.step, "begin": self.steps[-1]["begin"]})
-
-    def _counts(self, optimizer) -> bool:
-        """Whether `optimizer`'s step ends a step: the rule in the module's docstring."""
-        current = self._stepping() if self._stepping is not None else None
-        new = optimizer not in self._stepped
-        self._stepped.add(optimizer)
-        if current is optimizer:
-            return True
-        if current is None or (new and _shares_parameter(optimizer, current)):
-            self._stepping = weakref.ref(optimizer)
-            return True
-        return False
 
     def finish(self) -> None:
         if self.finished:
@@ -226,12 +208,6 @@ class Context:
     def snapshot(self) -> dict:
         """Everything this rank recorded, as plain data (the torchrun path sends it whole)."""
         return dict(self.records, steps=self.steps)
-
-
-def _shares_parameter(a, b) -> bool:
-    """Two optimizers with a parameter in common (their param groups)."""
-    mine = {id(p) for g in getattr(b, "param_groups", ()) for p in g.get("params", ())}
-    return any(id(p) in mine for g in getattr(a, "param_groups", ()) for p in g.get("params", ()))
 
 
 def class_name(module) -> str:
@@ -266,34 +242,3 @@ def read_records(path: str) -> dict:
             s.update({k: v for k, v in item.items() if k in ("begin", "end")})
     out["steps"] = [steps[k] for k in sorted(steps)]
     return out
-
-
-# --- writes a check can watch (on_torch_function): the state check's edits of parameters, the
-# sanity check's first write of a tensor after to_empty
-
-NOT_EDITS = {"requires_grad_", "share_memory_", "retain_grad_", "record_stream_"}
-
-
-def in_place_functions() -> list:
-    """Every in-place Tensor method (`x.add_`, `x[...] = `, `x += `), nn.init's initialisers,
-    `x.data = ...` and F.batch_norm (which writes its running statistics)."""
-    import torch
-
-    names = [n for n in dir(torch.Tensor) if n.endswith("_") and not n.startswith("_")
-             and n not in NOT_EDITS]
-    names += ["__setitem__", "__iadd__", "__isub__", "__imul__", "__itruediv__", "__idiv__"]
-    funcs = [getattr(torch.Tensor, n) for n in names if hasattr(torch.Tensor, n)]
-    funcs += [getattr(torch.nn.init, n) for n in dir(torch.nn.init) if n.endswith("_") and not n.startswith("_")]
-    funcs += [torch.Tensor.data.__set__, torch.nn.functional.batch_norm]
-    return funcs
-
-
-def written_by(func, args, kwargs) -> list:
-    """The tensors a call of one of `in_place_functions()` writes."""
-    import torch.nn.functional as F
-
-    if func is F.batch_norm:
-        training = args[5] if len(args) > 5 else kwargs.get("training", False)
-        return [t for t in (args[1:3] if len(args) > 2 else ()) if t is not None] if training else []
-    first = args[0] if args else kwargs.get("tensor", kwargs.get("input"))
-    return [first] if first is not None else []
