@@ -1,4 +1,4 @@
-"""The floor's step counter (ddp_lab/doctor/checks/context.py, `Context.step_ended`): which
+"""The floor's step counter (checks/_context_steps.py, under `Context.step_ended`): which
 optimizer's `step()` ends a step of the user's loop. Real torch optimizers stepping through the
 core's own hook (watch/core.py, install_core), in this process: a rebuilt optimizer (a resume that
 builds a new one and loads the old one's state) keeps counting steps, and the old one is not kept
