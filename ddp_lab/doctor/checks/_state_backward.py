@@ -101,12 +101,12 @@ class GradientReads:
         if not self.due(self.ctx.step) or self.count >= 200:
             return
         first = args[0] if args else kwargs.get("input", kwargs.get("self", kwargs.get("tensors")))
-        read = first if isinstance(first, (list, tuple)) else [first]
-        grads = self._grads()
-        # before the first step no optimizer is known: any leaf that needs no gradient (as a
-        # gradient is), sorted out at the step's end, when the optimizer that stepped is
-        mine = [t for t in read if (id(t) in grads if grads else
-                                    getattr(t, "grad_fn", 0) is None and getattr(t, "requires_grad", True) is False)]
+        # a leaf that needs no gradient, as a gradient is (activations cost nothing more); before
+        # the first step no optimizer is known: sorted out at the step's end, when the one that stepped is
+        read = [t for t in (first if isinstance(first, (list, tuple)) else [first])
+                if getattr(t, "grad_fn", 0) is None and getattr(t, "requires_grad", True) is False]
+        grads = self._grads() if read else set()
+        mine = [t for t in read if id(t) in grads] if grads else read
         if mine:
             self.count += 1
             self.pending.append((self.ctx.step, self.ctx.user_line(), [(id(t), self.digest(t)) for t in mine]))
