@@ -247,6 +247,51 @@ def test_a_parting_after_the_hashed_steps_is_seen_at_exit(tmp_path, who, caught,
     assert hits and "after step 7 (hashed when the script ended; equal after step 4)" in hits[0].title
 
 
+REBUILT = """
+import torch, torch.distributed as dist, torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def main():
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    model = DDP(nn.Linear(4, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    for step in range(8):
+        if step == 3:  # the resume: a new optimizer, loaded with the old one's state
+            state = opt.state_dict()
+            opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+            opt.load_state_dict(state)
+        if step == 4 and {who}:
+            opt.param_groups[0]["lr"] = 0.01
+        opt.zero_grad()
+        model(torch.randn(8, 4)).pow(2).mean().backward()
+        opt.step()
+    dist.destroy_process_group()
+
+
+main()
+"""
+
+
+@pytest.mark.parametrize("who, caught", [("rank == 0", True), ("True", False)])
+def test_the_steps_of_a_rebuilt_optimizer_are_hashed(tmp_path, who, caught):
+    """A resume that builds a new optimizer: its steps are the run's steps (the floor's step
+    counter follows the newest optimizer of the same parameters), so steps 3-4 are hashed and a
+    parting at step 4 is dated there, not at the script's end."""
+    path = tmp_path / "train.py"
+    path.write_text(textwrap.dedent(REBUILT.format(who=who)))
+    report = run(str(path), checks=("state",))
+    assert all([x["step"] for x in r["state"] if not x.get("exit")] == [0, 1, 2, 3, 4]
+               for r in report.evidence.ranks)
+    hits = [f for f in report.findings if f.code == "parameters-differ-after-step"]
+    if not caught:
+        assert hits == [] and report.status == "ok"
+        return
+    assert hits and hits[0].title.endswith("after step 4")
+
+
 HAND_SYNCED = """
 import torch, torch.distributed as dist, torch.nn as nn
 
