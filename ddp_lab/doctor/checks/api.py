@@ -11,14 +11,17 @@ ddp_lab/doctor/userline.py), and nothing of the tools above it.
 - `Check`: a check's declaration (the registry, checks/__init__.py, finds it by its module).
 - `Context` (context.py): one rank's view of a watched run: the rank, the step, `models`
   (the `Watched` models the script wrapped), `add`/`emit` (plain data the parent reads back),
-  the callbacks (`on_step_end`, `on_model`, `on_finish`, `on_torch_function`), `user_line()` and
+  the callbacks (`on_step_end`, `on_model`, `on_finish`, `on_torch_function` and, for a check
+  that watches for a while, `off_torch_function`), `user_line()` and
   `guard(fn)` (a check's own exception is recorded, never raised into the user's code).
 - `Evidence`: what a judge reads in the parent: `ranks` (per rank, {key: value}: RANK_KEYS
   below for watch; a phase's records and returned value for the doctor), `run` (the launch's
   RunResult; None under torchrun), and for the doctor `subject` (the `Subject` it examined) and
   `where` (the code map that names code shipped by value).
 - `Subject`: the doctor's subject, frozen: what the user asked the doctor to examine.
-- `Finding`, `Report` (report.py), `brief` (a long message cut), `digest` (a tensor's hash).
+- `Finding`, `Report` (report.py), `brief` (a long message cut), `digest` (a tensor's hash),
+  `in_place_functions()` and `written_by(func, args, kwargs)` (what writes a tensor in place,
+  for `on_torch_function`).
 """
 from __future__ import annotations
 
@@ -27,10 +30,12 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..report import Finding, Report, brief
+from ._context_writes import in_place_functions, written_by
 from .context import KEEP, Context, Watched, class_name
 
 __all__ = ["Check", "Context", "Evidence", "Finding", "KEEP", "MODEL_CHANGES", "RANK_KEYS",
-           "Report", "Subject", "TIMED_OUT", "TOOLS", "Watched", "brief", "class_name", "digest"]
+           "Report", "Subject", "TIMED_OUT", "TOOLS", "Watched", "brief", "class_name", "digest",
+           "in_place_functions", "written_by"]
 TOOLS = ("watch", "doctor")
 LEVELS = ("error", "warning", "info")
 MODEL_CHANGES = "model-changes"  # the wrapped check's record, which the state check reads too
@@ -116,6 +121,16 @@ RANK_KEYS = {
     "state-edits": "state: edits of parameters or buffers outside the optimizer, per line",
     "state-models": "state: {kind, line, sync_buffers} per wrapped model",
     "state-cost": "state: {steps_hashed, seconds}",
+    "state-start": "state: {step, parameter: {name: digest}}: parameters no wrapped model holds, "
+                   "before their optimizer's first step",
+    "state-unsynced": "state: {step, line, why, flag?}: a step whose last backward DDP did not prepare",
+    "state-grad-reads": "state: {step, line, digest}: a norm of the optimizers' gradients, at hashed steps",
+    "sanity.loss": "sanity: {s, v, line}: the first non-finite loss a backward started from",
+    "sanity.params": "sanity: {s, when, names, tensors, values, of, finite_until}: the first non-finite "
+                     "parameters",
+    "sanity.uninitialised": "sanity: {s, line, names, count, of, before, after, missing_before?}: "
+                            "tensors to_empty left unwritten at the first step",
+    "sanity.summary": "sanity: {losses, non_finite_losses, finite_until} at the end",
     "model-changes": "wrapped: {what, names, kind, line, wrapped_at, step} per change",
     "requires-grad-frozen": "wrapped: {what, names, kind, line, wrapped_at, step} per freeze "
                             "after DDP(...) that DDP does not handle (find_unused_parameters off)",
@@ -138,9 +153,8 @@ RANK_KEYS = {
     "logged.norm": "logged: {s, v, shard, replicated} per gradient norm",
     "logged.reduce": "logged: {s, i, op, before, after, rows, line} per all_reduce",
     "compiles": "compiled: one record per frame dynamo compiled",
-    "compile-breaks": "compiled: {step, reason, explain, where, callable, forward, every_call} "
-                      "per graph break",
-    "compile-sites": "compiled: {assign, keyword, hooks, reads}: lines of the script's source",
+    "compile-breaks": "compiled: {step, reason, explain, where} per graph break",
+    "compile-sites": "compiled: {assign, keyword, hooks}: lines of the script's source",
     "resume-saves": "resume: {where, file, at, step, optimizers, parts: [{what, cls, line, held, "
                     "pos, lr | scale}]} per torch.save holding an optimizer's state",
     "resume-continues": "resume: {ord, step, file, where, at, schedulers, scalers, held} at an "
@@ -156,6 +170,12 @@ RANK_KEYS = {
                    "it ran in",
     "ddp-settings": "ddp_settings: {line, keyword, static_graph, world, steps, unused_steps, "
                     "first_unused, logging} per DDP model built with find_unused_parameters=True",
+    "optimizer.made": "optimizer: {o, line, type} per optimizer built (o: its index on the rank)",
+    "optimizer.hyper": "optimizer: {o, k, s, v: per group [[key, value]], by: [{line, what}], "
+                       "stores?, shared?} at its first step and when its hyperparameters change",
+    "optimizer.idle": "optimizer: {o, line, s, at, params, elsewhere}: its 2nd step with no gradient",
+    "optimizer.stale": "optimizer: {o, k, s, line, built}: a step on gradients holding the last step's",
+    "optimizer.summary": "optimizer: [{o, line, k, chain, changes, v, live, idle}] at the end",
 }
 
 

@@ -6,7 +6,7 @@ rank records are listed in api.py (RANK_KEYS).
 A step of the user's loop ends when an optimizer's `step()` returns (PyTorch's global
 `register_optimizer_step_post_hook`): step k runs from the end of step k-1 (or the script's start)
 to the end of step k, so a step that never returns (a hang, an exception) is the step it
-happened in. The models are found where the script wraps them: `DistributedDataParallel(...)`,
+happened in. Which optimizer's step ends a step: _context_steps.py. The models are found where the script wraps them: `DistributedDataParallel(...)`,
 `fully_shard(...)`, `torch.compile(module)` (each wrapped at its class or module attribute before
 the script imports it).
 """
@@ -23,6 +23,7 @@ from typing import Any, Callable
 
 from ..frames import ScriptFiles
 from ..userline import describe
+from ._context_steps import StepOptimizer
 
 KEEP = 500  # items kept per `add` key (the newest are dropped: the first are the evidence)
 STEPS_KEPT = 100_000
@@ -62,7 +63,7 @@ class Context:
         self._functions: dict[Any, list[Callable]] = {}
         self._built: dict[type, list[Callable]] = {}  # on_built: class -> callbacks
         self._local = threading.local()
-        self._stepping_optimizer = None
+        self._stepping = StepOptimizer()  # which optimizer's step ends a step
         self.steps_by_optimizer = True  # the function API ends a step when train_step returns
         self.group_started = False
         self.mode = None  # the TorchFunctionMode serving on_torch_function (watch/core.py)
@@ -137,6 +138,14 @@ class Context:
         built._watched = True
         return built
 
+    def off_torch_function(self, funcs, fn: Callable) -> None:
+        """`fn` no longer called after `funcs` (a check that watches for a while: it leaves the
+        core's table, so the calls it no longer needs cost nothing)."""
+        for f in funcs:
+            handlers = self._functions.get(f)
+            if handlers is not None and fn in handlers:
+                handlers.remove(fn)
+
     def guard(self, fn: Callable) -> Callable:
         """`fn` wrapped so that an exception of the check's own code is recorded (under
         "check-errors"), never raised into the user's script."""
@@ -206,9 +215,7 @@ class Context:
         if optimizer is not None:
             if not self.steps_by_optimizer:
                 return
-            if self._stepping_optimizer is None:
-                self._stepping_optimizer = optimizer
-            if optimizer is not self._stepping_optimizer:
+            if not self._stepping.counts(optimizer):
                 return  # a second optimizer (a GAN's) steps inside the same step
         now = time.time()
         self.steps[-1]["end"] = now
