@@ -16,7 +16,8 @@ The floors, each importing only those below it (tests/doctor/test_wing_layers.py
                               failures), save_load (the checkpoint round trip), sharded,
                               tensor_parallel (+ tp_plan), compile_run; static checks, inputs,
                               shapes, settings. watch/: the core on each rank (core.py), a script
-                              run (script.py, torchrun.py), the function API (__init__, rank.py,
+                              run (script.py, torchrun.py; reference_run.py: --reference), the
+                              function API (__init__, rank.py,
                               instruments.py, function_checks.py), `ddp-lab watch` (command.py).
                               Neither imports the other.
     checks/                   the registry: one module per check (`CHECK = Check(...)`), judged

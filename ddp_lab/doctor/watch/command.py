@@ -18,6 +18,7 @@ _MODULE = f"{__package__.partition('.')[0]}.watch"  # python -m ... under torchr
 EPILOG = f"""examples:
   ddp-lab watch train.py                     # 2 ranks, as torchrun --nproc-per-node 2 train.py
   ddp-lab watch --nproc-per-node 4 --timeout 30 train.py --epochs 1 --lr 0.1
+  ddp-lab watch --reference train.py         # also against one process on the same global batch
   torchrun --nnodes 2 --nproc-per-node 8 ... -m {_MODULE} train.py   # inside your own job
 
 The function API (a training step cut out of the script):
@@ -47,6 +48,11 @@ def configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--world-size", type=int, default=2, help="ranks to run (default 2)")
     p.add_argument("--timeout", type=float, default=60,
                    help="seconds the ranks may run (script mode: from the start) before a hang is reported")
+    p.add_argument("--reference", action="store_true",
+                   help="script mode: also run the script at world size 1 on the same global batch "
+                        "and report the first step and tensor where the runs part (one more launch)")
+    p.add_argument("--reference-steps", type=int, default=None, metavar="K",
+                   help="optimizer steps the reference compares (default 3; implies --reference)")
     p.add_argument("--json", action="store_true", help="the report as JSON")
     p.add_argument("--cost", action="store_true", help="also print seconds per step")
     p.set_defaults(func=run, parser=p)
@@ -76,8 +82,9 @@ def _is_script(target: str) -> bool:
 def run_script(args) -> int:
     nproc = args.nproc_per_node if args.nproc_per_node is not None else args.world_size
     try:
+        reference = args.reference_steps if args.reference_steps is not None else args.reference
         report = watch_script(args.target, args.script_args, nproc=nproc, timeout=args.timeout,
-                              progress=sys.stderr)
+                              progress=sys.stderr, reference=reference or None)
     except WatchScriptError as exc:
         if exc.output:
             print(exc.output, file=sys.stderr)

@@ -23,6 +23,7 @@ from ..checks.api import Evidence
 from ..checks.context import read_records
 from ..errors import DoctorBug
 from ..report import BY_LINE, Report, dedupe
+from . import reference_run as ref_run
 from .core import script_rank
 
 DEFAULT_TIMEOUT = 60.0
@@ -93,24 +94,46 @@ class _Progress:
 
 
 def watch_script(path: str, args=(), nproc: int = 2, timeout: float = DEFAULT_TIMEOUT,
-                 checks=None, progress=None):
+                 checks=None, progress=None, reference=None):
     """Run `path` (a training script, as `torchrun --nproc-per-node nproc path args` would) on
     real ranks with every watch check attached; the `Report`. Raises WatchScriptError when the
-    script cannot be watched. `checks`: names of the checks to attach (default: all)."""
+    script cannot be watched. `checks`: names of the checks to attach (default: all).
+    `reference`: K (or True: 3) to compare the first K steps with one process's on the same
+    global batch (watch/reference_run.py: one more launch, at world size 1)."""
     script = validate_script(path, nproc, timeout)
+    steps = None
+    if reference not in (None, False, 0):
+        try:
+            steps = ref_run.validate_steps(reference)
+        except ValueError as exc:
+            raise WatchScriptError(str(exc)) from None
     folder = tempfile.mkdtemp(prefix="ddp-lab-watch-")
+    compared = os.path.join(folder, "reference")
+    env = {}
+    if steps:
+        os.mkdir(compared)
+        env = ref_run.env("watched", compared, steps, nproc)
+        checks = None if checks is None else sorted({*checks, "logged", "reference"})
     try:
+        start = time.time()
         with (_Progress(folder, nproc, os.path.basename(path), progress) if progress
               else contextlib.nullcontext()):
             run = launch(script_rank, script, list(args), folder, checks, world_size=nproc,
-                         timeout=timeout, init_process_group=False, grace=2.0,
+                         timeout=timeout, init_process_group=False, grace=2.0, env=env,
                          label=f"watch {os.path.basename(path)}")
+        seconds = time.time() - start
         ranks = [read_records(os.path.join(folder, f"rank{r}.jsonl")) for r in range(nproc)]
+        _refuse_unstarted(run, ranks, path)
+        ev = Evidence(ranks, run=run, script=script, world_size=nproc, args=tuple(args))
+        if steps:
+            ev.reference = ref_run.run_reference(script, args, ranks, nproc, timeout, steps,
+                                                 compared, seconds)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-    _refuse_unstarted(run, ranks, path)
-    ev = Evidence(ranks, run=run, script=script, world_size=nproc, args=tuple(args))
-    return build_report(ev, checks)
+    report = build_report(ev, checks)
+    if steps:
+        report.notes += ref_run.notes(ev)
+    return report
 
 
 def _output(run, ranks=()) -> str:
