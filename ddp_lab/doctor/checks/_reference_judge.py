@@ -76,19 +76,35 @@ def first_tensor(ev, mine, s: int, c: dict, tol: dict) -> dict | None:
     found = loss_parting(ev, mine, s, tol)
     if found:
         return found
-    for name, g_rel, g_ratio, _, _ in c["t"]:
-        if g_rel is not None and g_rel > tol["grad"]:
-            return {"what": "gradient", "name": name, "rel": g_rel, "ratio": g_ratio}
+    for row in c["t"]:
+        if parts(c, row, 1, tol["grad"]):
+            return {"what": "gradient", "name": row[0], "rel": row[1], "ratio": row[2]}
     theirs, own = c["lr"]
     for i, (w, r) in enumerate(zip(theirs, own)):
         if abs(w - r) > 1e-6 * max(abs(r), 1e-12):
             return {"what": "lr", "name": f"group {i}", "theirs": w, "mine": r,
                     "rel": abs(w - r) / max(abs(r), 1e-12), "ratio": w / r if r else None}
-    for name, _, _, u_rel, u_ratio in c["t"]:
-        if u_rel is not None and u_rel > tol["update"]:
-            return {"what": "update", "name": name, "rel": u_rel, "ratio": u_ratio}
+    for row in c["t"]:
+        if parts(c, row, 3, tol["update"]):
+            return {"what": "update", "name": row[0], "rel": row[3], "ratio": row[4]}
     return None
 
+
+def parts(c: dict, row: list, column: int, tol: float) -> bool:
+    """Whether a tensor's gradient (column 1) or update (3) parts from one process's: its relative
+    difference beyond `tol`, and its difference beyond `tol` of the whole model's (one process's
+    norm over every parameter, where the rows hold it): a gradient near zero (a last layer's bias,
+    a sum that cancels) has a relative difference of a float sum's order that is noise."""
+    rel = row[column]
+    if rel is None or rel <= tol:
+        return False
+    if rel >= 1e29:
+        return True  # one process's is zero, this run's is not
+    at = 5 if column == 1 else 6
+    if len(row) <= at or row[at] is None:
+        return True
+    total = sum((r[at] or 0.0) ** 2 for r in c["t"] if len(r) > at) ** 0.5
+    return min(rel, 1.0) * row[at] > tol * total if total else True
 
 def uniform(c: dict, column: int) -> float | None:
     """The one ratio every parameter's gradient (column 2) or update (4) has to one process's,
@@ -107,7 +123,7 @@ def uniform(c: dict, column: int) -> float | None:
 def _finding(ev, ref, mine, s, first, compares, tol) -> Finding:
     c = compares[[k["s"] for k in compares].index(s)]
     g, u = uniform(c, 2), uniform(c, 4)
-    moves = any(row[3] is not None and row[3] > tol["update"] for k in compares for row in k["t"])
+    moves = any(parts(k, row, 3, tol["update"]) for k in compares for row in k["t"])
     line, why, fix = cause(ev, mine, s, first, g)
     explained = "" if first["what"] == "lr" else _explained(ev, mine, c, s)
     what = _what(first, g, u)
@@ -115,7 +131,7 @@ def _finding(ev, ref, mine, s, first, compares, tol) -> Finding:
         ("warning", "reference-differs") if moves or first["what"] == "lr" else \
         ("info", "reference-gradient-only")
     evidence = [f"step {s} is the first to part, at {_named(first)}: " + _detail(first),
-                f"compared: {len(compares)} step(s) before any other part; tolerance "
+                f"compared: {len(compares)} step(s) with one process; tolerance "
                 f"{tol['grad']:.0e} on gradients, {tol['update']:.0e} on updates ({tol['why']})"]
     if u is not None and first["what"] != "update":
         evidence.append(f"every update at step {s} is {u:.2f}x one process's")

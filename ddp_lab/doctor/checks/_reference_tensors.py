@@ -9,7 +9,8 @@ every rank under FSDP2 (each its shards). In the one-process reference run (role
 the model is first given the watched rank 0's initial state (a script that does not seed its
 initialisation still compares), then each step's own tensors are compared there with the
 distributed run's, and only plain numbers are recorded: per parameter, the relative difference
-of its gradient and of its update and their ratio to the one-process ones.
+of its gradient and of its update, their ratio to the one-process ones, and the one-process
+gradient's and update's norms (the judge weighs a tensor's difference against the whole model's).
 """
 from __future__ import annotations
 
@@ -62,6 +63,10 @@ def stats(w, r) -> tuple:
     if nr == 0.0:
         return (0.0, 1.0) if float(w.norm()) == 0.0 else (1e30, None)
     return diff / nr, float(w @ r) / (nr * nr)
+
+
+def _norm(t) -> float | None:
+    return None if t is None else float(t.detach().double().norm())
 
 
 class Tensors:
@@ -190,7 +195,7 @@ class Tensors:
         for name, g in mine["grad"].items():
             g_rel, g_ratio = stats(theirs["grad"].get(name), g)
             u_rel, u_ratio = stats(theirs["update"].get(name), mine["update"].get(name))
-            rows.append([name, g_rel, g_ratio, u_rel, u_ratio])
+            rows.append([name, g_rel, g_ratio, u_rel, u_ratio, _norm(g), _norm(mine["update"].get(name))])
         rec = {"s": step, "t": rows, "lr": [theirs["lr"], mine["lr"]], "bn": theirs.get("bn", [])}
         if "before" in mine and "before" in theirs:
             rec["init"] = max([stats(theirs["before"].get(n), b)[0] or 0.0

@@ -150,6 +150,18 @@ def test_legitimate_per_rank_differences_are_explained(extra, word):
     assert any(word in e for e in found[0].evidence), found[0].evidence
 
 
+def test_a_gradient_near_zero_is_weighed_against_the_whole_models():
+    """llms_from_scratch_ddp's control script: a last layer's bias whose gradient nearly cancels
+    differs by 3e-4 of itself at step 2 (a float sum's order), a millionth of the model's."""
+    c = _compare()
+    c["t"] = [["0.weight", 2e-7, 1.0, 3e-7, 1.0, 1.0, 0.01], ["0.bias", 3e-4, 0.9997, 3.3e-4, 0.9997, 1e-3, 1e-5]]
+    assert reference.judge(_evidence(c)) == []
+    c["t"][1][5:] = [1.0, 0.01]  # the same relative difference on a gradient as large as the rest
+    found = reference.judge(_evidence(c))
+    assert [(f.code, f.evidence[0][:54]) for f in found] == [
+        ("reference-gradient-only", "step 0 is the first to part, at the gradient of 0.bias")]
+
+
 def test_steps_whose_data_differ_are_never_compared():
     ev = _evidence(_compare(g_ratio=2.0, u_ratio=2.0), rows_ok=False)
     assert reference.judge(ev) == []
