@@ -16,7 +16,7 @@ compiled model). The line comes from _reference_cause.py.
 from __future__ import annotations
 
 from ._reference_cause import cause
-from ._reference_notes import comparable, tolerance
+from ._reference_notes import comparable, global_batch, tolerance
 from .api import Finding
 
 COMPARED = "reference.compare"
@@ -26,7 +26,7 @@ def judge(ev) -> list[Finding]:
     ref = getattr(ev, "reference", None)
     if not ref:
         return []
-    found: list[Finding] = []
+    found = global_batch(ev, ref)
     mine = (ref.get("ranks") or [None])[0]
     if ref.get("refused") or not mine:
         return found

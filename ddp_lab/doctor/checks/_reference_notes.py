@@ -1,7 +1,9 @@
 """The reference check's reading of the two runs before any tensor (its judge and watch's notes):
-which steps saw the same data, the tolerance, and the notes that say
+which steps saw the same data, the tolerance, the declared global batch, and the notes that say
 what the reference did, cost and could not do (a note, never a finding)."""
 from __future__ import annotations
+
+from .api import Finding
 
 BATCHES = "reference.batches"
 LOADERS = "reference.loaders"
@@ -44,6 +46,36 @@ def tolerance(ev, ref) -> dict:
     grad = max(1e-4, 4 * eps * n)
     return {"grad": grad, "loss": grad, "update": max(1e-3, 8 * eps * n),
             "why": f"{dtype}, {ev.world_size} ranks"}
+
+
+def global_batch(ev, ref) -> list[Finding]:
+    """With a declared global batch (--global-batch G): each compared step's samples over the
+    ranks against G; a step that trains on another number is a warning at the DataLoader's line
+    (lesson 20: a per-rank batch kept while the world grows)."""
+    want = ref.get("global_batch")
+    if not want:
+        return []
+    for s in range(int(ref.get("steps", 0))):
+        per_rank = [_rows(r, s)[0] for r in ev.ranks]
+        if not any(per_rank):
+            break
+        if sum(per_rank) == want:
+            continue
+        loaders = ev.ranks[0].get(LOADERS, [])
+        drawn = {b["i"] for b in ev.ranks[0].get(BATCHES, []) if b.get("s") == s}
+        made = next((x for x in loaders if x["i"] in drawn), loaders[0] if loaders else {})
+        micro = len([b for b in ev.ranks[0].get(BATCHES, []) if b.get("s") == s])
+        return [Finding(
+            "warning", "reference-global-batch", "20",
+            f"the ranks train on {sum(per_rank)} samples a step, not the global batch of {want}",
+            [f"step {s}: {' + '.join(map(str, per_rank))} samples on the {ev.world_size} ranks"
+             + (f" ({micro} micro-batches each)" if micro > 1 else ""),
+             f"the DataLoader gives each rank a batch of {made.get('batch')} at every world size: "
+             f"the global batch grows with the world (x{ev.world_size} here)"],
+            fix=f"derive the per-rank batch (and the accumulation steps) from the world size: "
+                f"{want} // (world_size x accumulation steps) per rank",
+            where=made.get("line", ""))]
+    return []
 
 
 def notes(ev) -> list[str]:

@@ -75,10 +75,12 @@ CHECK = Check(
               "learning rate, each update; the first step and tensor that part, and the line",
     lesson="20",
     codes={"reference-differs": "warning", "reference-gradient-only": "info",
-           "reference-explained": "info"},
+           "reference-explained": "info", "reference-global-batch": "warning"},
     attach=attach, judge=judge, tools=("watch",),
     tests=("tests/doctor/checks/test_reference.py", "tests/doctor/checks/test_reference_runs.py"),
     notes=("runs only with --reference (one more launch: one process for K steps, default 3)",
+           "the global batch the job means is known only when declared (--global-batch G): "
+           "then a step that trains on another number is a warning at the DataLoader",
            "the global batch comes from the script's DataLoaders: a script that makes its batches "
            "itself (torch.randn in the loop, hand-sliced tensors), a batch sampler of its own or "
            "data that differ per rank is refused with a note, never compared",

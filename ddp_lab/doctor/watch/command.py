@@ -53,6 +53,9 @@ def configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         "and report the first step and tensor where the runs part (one more launch)")
     p.add_argument("--reference-steps", type=int, default=None, metavar="K",
                    help="optimizer steps the reference compares (default 3; implies --reference)")
+    p.add_argument("--global-batch", type=int, default=None, metavar="G",
+                   help="with --reference: the samples per optimizer step the job means (a step "
+                        "on the ranks that trains on another number is a warning)")
     p.add_argument("--json", action="store_true", help="the report as JSON")
     p.add_argument("--cost", action="store_true", help="also print seconds per step")
     p.set_defaults(func=run, parser=p)
@@ -84,7 +87,8 @@ def run_script(args) -> int:
     try:
         reference = args.reference_steps if args.reference_steps is not None else args.reference
         report = watch_script(args.target, args.script_args, nproc=nproc, timeout=args.timeout,
-                              progress=sys.stderr, reference=reference or None)
+                              progress=sys.stderr, reference=reference or None,
+                              global_batch=args.global_batch)
     except WatchScriptError as exc:
         if exc.output:
             print(exc.output, file=sys.stderr)

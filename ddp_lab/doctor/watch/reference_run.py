@@ -32,6 +32,15 @@ def validate_steps(steps) -> int:
     return steps
 
 
+def validate_global_batch(value) -> int | None:
+    """--global-batch G: None, or an integer >= 1."""
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"--global-batch must be an integer >= 1, got {value!r}")
+    return value
+
+
 def env(role: str, folder: str, steps: int, world: int, plan: dict | None = None) -> dict:
     return {ENV: json.dumps({"role": role, "dir": folder, "steps": steps, "world": world,
                              "plan": plan or {}})}
@@ -72,10 +81,12 @@ def make_plan(ranks: list[dict], nproc: int, steps: int) -> tuple[dict, str]:
 
 
 def run_reference(script: str, args, ranks: list[dict], nproc: int, timeout: float, steps: int,
-                  folder: str, watched_seconds: float) -> dict:
+                  folder: str, watched_seconds: float, global_batch: int | None = None) -> dict:
     """The reference run (one process, K steps) after the watched one: what the check's judge
-    reads as `ev.reference`."""
-    out = {"steps": steps, "ranks": [], "seconds": {"watched": watched_seconds}}
+    reads as `ev.reference`. `global_batch`: the samples per optimizer step the job means, when
+    declared (--global-batch G), judged against the ranks' batches."""
+    out = {"steps": steps, "ranks": [], "seconds": {"watched": watched_seconds},
+           "global_batch": global_batch}
     if nproc < 2:
         out["refused"] = "the run is one process already (--nproc-per-node 1)"
         return out

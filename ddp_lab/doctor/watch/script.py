@@ -94,17 +94,21 @@ class _Progress:
 
 
 def watch_script(path: str, args=(), nproc: int = 2, timeout: float = DEFAULT_TIMEOUT,
-                 checks=None, progress=None, reference=None):
+                 checks=None, progress=None, reference=None, global_batch=None):
     """Run `path` (a training script, as `torchrun --nproc-per-node nproc path args` would) on
     real ranks with every watch check attached; the `Report`. Raises WatchScriptError when the
     script cannot be watched. `checks`: names of the checks to attach (default: all).
     `reference`: K (or True: 3) to compare the first K steps with one process's on the same
-    global batch (watch/reference_run.py: one more launch, at world size 1)."""
+    global batch (watch/reference_run.py: one more launch, at world size 1); `global_batch`: with
+    it, the samples per step the job means (a step that trains on another number is a warning)."""
     script = validate_script(path, nproc, timeout)
     steps = None
+    if global_batch is not None and reference in (None, False):
+        reference = True  # a declared global batch is judged by the reference check
     if reference not in (None, False, 0):
         try:
             steps = ref_run.validate_steps(reference)
+            global_batch = ref_run.validate_global_batch(global_batch)
         except ValueError as exc:
             raise WatchScriptError(str(exc)) from None
     folder = tempfile.mkdtemp(prefix="ddp-lab-watch-")
@@ -127,7 +131,7 @@ def watch_script(path: str, args=(), nproc: int = 2, timeout: float = DEFAULT_TI
         ev = Evidence(ranks, run=run, script=script, world_size=nproc, args=tuple(args))
         if steps:
             ev.reference = ref_run.run_reference(script, args, ranks, nproc, timeout, steps,
-                                                 compared, seconds)
+                                                 compared, seconds, global_batch)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     report = build_report(ev, checks)

@@ -79,6 +79,8 @@ def test_bad_reference_steps_are_bad_input(tmp_path):
     with pytest.raises(WatchScriptError, match="--reference-steps must be an integer >= 1"):
         watch_script(str(script), reference=-2)
     assert run.validate_steps(True) == run.DEFAULT_STEPS
+    with pytest.raises(WatchScriptError, match="--global-batch must be an integer >= 1"):
+        watch_script(str(script), global_batch=0)
 
 
 # --- the judge on hand-made records ---------------------------------------------------------------

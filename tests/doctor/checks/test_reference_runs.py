@@ -6,7 +6,9 @@ per-rank --batch-size), b32 (contrastive negatives from the rank's own batch) an
 normalised per rank), each fixed script quiet; under Adam the same division is an info
 (reference-gradient-only: Adam scales it away); BatchNorm without SyncBatchNorm is explained;
 scripts the reference cannot serve (batches made in the loop, a script that refuses world size 1)
-get a note, never a finding; examples/scripts/train_ddp.py is compared and quiet."""
+get a note, never a finding; examples/scripts/train_ddp.py is compared and quiet; lesson 20's
+script with a declared global batch of 16 (reference-global-batch: its per-rank --batch-size 16
+trains on 32 a step at 2 ranks) and quiet with the batch divided by the world size."""
 from functools import lru_cache
 from pathlib import Path
 
@@ -155,3 +157,21 @@ def test_the_ddp_example_is_compared_and_quiet():
     rep = _run(str(ROOT / "examples" / "scripts" / "train_ddp.py"))
     assert not _ours(rep) and not _loud(rep), rep.findings
     assert any("step(s) compared with one process" in n for n in rep.notes), rep.notes
+
+
+LESSON20 = str(ROOT / "examples" / "lesson20_per_rank_batch.py")
+
+
+@pytest.mark.parametrize("args", [(), ("--global",)])
+def test_lesson20_a_declared_global_batch_is_held_against_the_ranks(args):
+    rep = watch_script(LESSON20, list(args), nproc=2, timeout=120, reference=3, global_batch=16)
+    found = [(f.severity, f.code, f.where) for f in _ours(rep)]
+    if args:
+        assert found == [] and not _loud(rep), rep.findings
+        return
+    assert found == [("warning", "reference-global-batch",
+                      "lesson20_per_rank_batch.py:30: loader = DataLoader(data, batch_size=per_rank, "
+                      "sampler=sampler)")], rep.findings
+    f = _ours(rep)[0]
+    assert f.title == "the ranks train on 32 samples a step, not the global batch of 16"
+    assert f.evidence[0] == "step 0: 16 + 16 samples on the 2 ranks"
