@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from dataclasses import dataclass
 
 from ...launching.launcher import launch
 from ..checks.context import read_records
@@ -80,13 +81,28 @@ def make_plan(ranks: list[dict], nproc: int, steps: int) -> tuple[dict, str]:
     return plan, ""
 
 
-def run_reference(script: str, args, ranks: list[dict], nproc: int, timeout: float, steps: int,
-                  folder: str, watched_seconds: float, global_batch: int | None = None) -> dict:
+@dataclass(frozen=True)
+class Reference:
+    """What the reference run needs from watch_script: the script as watched, K steps, the
+    folder both runs share (the tensors of the watched run's rank 0), the declared global batch."""
+
+    script: str
+    args: tuple
+    nproc: int
+    timeout: float
+    steps: int
+    folder: str
+    global_batch: int | None = None
+
+
+def run_reference(job: Reference, ranks: list[dict], watched_seconds: float) -> dict:
     """The reference run (one process, K steps) after the watched one: what the check's judge
-    reads as `ev.reference`. `global_batch`: the samples per optimizer step the job means, when
-    declared (--global-batch G), judged against the ranks' batches."""
+    reads as `ev.reference`. `job.global_batch`: the samples per optimizer step the job means,
+    when declared (--global-batch G), judged against the ranks' batches."""
+    script, args, nproc, steps, folder = job.script, job.args, job.nproc, job.steps, job.folder
+    timeout = job.timeout
     out = {"steps": steps, "ranks": [], "seconds": {"watched": watched_seconds},
-           "global_batch": global_batch}
+           "global_batch": job.global_batch}
     if nproc < 2:
         out["refused"] = "the run is one process already (--nproc-per-node 1)"
         return out

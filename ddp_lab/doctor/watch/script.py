@@ -130,8 +130,8 @@ def watch_script(path: str, args=(), nproc: int = 2, timeout: float = DEFAULT_TI
         _refuse_unstarted(run, ranks, path)
         ev = Evidence(ranks, run=run, script=script, world_size=nproc, args=tuple(args))
         if steps:
-            ev.reference = ref_run.run_reference(script, args, ranks, nproc, timeout, steps,
-                                                 compared, seconds, global_batch)
+            job = ref_run.Reference(script, tuple(args), nproc, timeout, steps, compared, global_batch)
+            ev.reference = ref_run.run_reference(job, ranks, seconds)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     report = build_report(ev, checks)
