@@ -57,6 +57,9 @@ def watch(train_step, model: Callable | None = None, batches=None, *, strategy: 
     if isinstance(train_step, (str, os.PathLike)):
         return watch_script(os.fspath(train_step), args, nproc=world_size, timeout=timeout,
                             reference=reference, global_batch=global_batch)
+    if reference not in (None, False) or global_batch is not None:
+        raise WatchInputError("reference= and global_batch= serve a script (watch('train.py', ...)): "
+                              "the function API has no one-process run of its own to compare with")
     _validate(train_step, model, batches, strategy, steps, world_size, save)
     if strategy == "zero3" and gpu_count() == 0:
         require_built()  # DeepSpeed's op: this environment's error (OpBuildError), never a finding

@@ -85,9 +85,9 @@ def _is_script(target: str) -> bool:
 def run_script(args) -> int:
     nproc = args.nproc_per_node if args.nproc_per_node is not None else args.world_size
     try:
-        reference = args.reference_steps if args.reference_steps is not None else args.reference
+        reference = args.reference_steps if args.reference_steps is not None else (args.reference or None)
         report = watch_script(args.target, args.script_args, nproc=nproc, timeout=args.timeout,
-                              progress=sys.stderr, reference=reference or None,
+                              progress=sys.stderr, reference=reference,
                               global_batch=args.global_batch)
     except WatchScriptError as exc:
         if exc.output:
@@ -110,6 +110,10 @@ def run(args) -> int:
             print(f"ddp-lab watch: unexpected arguments {' '.join(args.script_args)} after "
                   f"{args.target} (a script's arguments follow a script, train.py)", file=sys.stderr)
             return 2
+    if args.reference or args.reference_steps is not None or args.global_batch is not None:
+        print("ddp-lab watch: --reference, --reference-steps and --global-batch serve a script "
+              "(ddp-lab watch --reference train.py), not a step function", file=sys.stderr)
+        return 2
     if not args.model:
         print("ddp-lab watch: a step function (path:NAME) needs --model path:Factory; to watch a "
               "whole script, give its path alone (train.py)", file=sys.stderr)

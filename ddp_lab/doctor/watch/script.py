@@ -105,7 +105,7 @@ def watch_script(path: str, args=(), nproc: int = 2, timeout: float = DEFAULT_TI
     steps = None
     if global_batch is not None and reference in (None, False):
         reference = True  # a declared global batch is judged by the reference check
-    if reference not in (None, False, 0):
+    if reference is not None and reference is not False:
         try:
             steps = ref_run.validate_steps(reference)
             global_batch = ref_run.validate_global_batch(global_batch)

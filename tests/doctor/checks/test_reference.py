@@ -81,6 +81,10 @@ def test_bad_reference_steps_are_bad_input(tmp_path):
     assert run.validate_steps(True) == run.DEFAULT_STEPS
     with pytest.raises(WatchScriptError, match="--global-batch must be an integer >= 1"):
         watch_script(str(script), global_batch=0)
+    from ddp_lab.doctor.watch import WatchInputError, watch
+
+    with pytest.raises(WatchInputError, match="serve a script"):
+        watch(lambda model, batch, step: 0.0, torch.nn.Linear, lambda r, s: torch.ones(1), reference=3)
 
 
 # --- the judge on hand-made records ---------------------------------------------------------------
@@ -183,3 +187,14 @@ def test_the_tolerance_follows_the_dtype_and_the_ranks():
     assert notes.tolerance(ev, ev.reference)["grad"] == 1e-4
     ev.reference["ranks"][0]["reference.precision"] = [{"s": 0, "dtype": "bfloat16"}]
     assert notes.tolerance(ev, ev.reference)["grad"] == pytest.approx(4 * 7.8e-3 * 2)
+
+
+def test_the_cli_refuses_reference_options_for_a_step_function(capsys, tmp_path):
+    from ddp_lab.cli import main
+
+    step = tmp_path / "train.py"
+    step.write_text("def train_step(model, batch, step):\n    return 0.0\n")
+    assert main(["watch", "--reference", f"{step}:train_step", "--model", "torch.nn:Linear"]) == 2
+    assert "serve a script" in capsys.readouterr().err
+    assert main(["watch", "--reference-steps", "0", str(step)]) == 2
+    assert "--reference-steps must be an integer >= 1, got 0" in capsys.readouterr().err
