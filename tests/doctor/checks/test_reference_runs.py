@@ -6,7 +6,9 @@ per-rank --batch-size), b32 (contrastive negatives from the rank's own batch) an
 normalised per rank), each fixed script quiet; under Adam the same division is an info
 (reference-gradient-only: Adam scales it away); BatchNorm without SyncBatchNorm is explained;
 scripts the reference cannot serve (batches made in the loop, a script that refuses world size 1)
-get a note, never a finding; examples/scripts/train_ddp.py is compared and quiet; lesson 20's
+get a note, never a finding; examples/scripts/train_ddp.py is compared and quiet; FSDP2's shards
+are put together and compared (quiet, and the divided loss caught); dropout inside a compiled
+model is explained; lesson 20's
 script with a declared global batch of 16 (reference-global-batch: its per-rank --batch-size 16
 trains on 32 a step at 2 ranks) and quiet with the batch divided by the world size."""
 from functools import lru_cache
@@ -175,3 +177,56 @@ def test_lesson20_a_declared_global_batch_is_held_against_the_ranks(args):
     f = _ours(rep)[0]
     assert f.title == "the ranks train on 32 samples a step, not the global batch of 16"
     assert f.evidence[0] == "step 0: 16 + 16 samples on the 2 ranks"
+
+
+FSDP2 = '''
+import torch, torch.distributed as dist
+from torch import nn
+from torch.distributed.fsdp import fully_shard
+from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data.distributed import DistributedSampler
+dist.init_process_group("gloo")
+world = dist.get_world_size()
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(8, 32), nn.LayerNorm(32), nn.ReLU(), nn.Linear(32, 1))
+fully_shard(model[0])
+fully_shard(model)
+opt = torch.optim.SGD(model.parameters(), lr=0.05)
+g = torch.Generator().manual_seed(0)
+x = torch.randn(64, 8, generator=g)
+data = TensorDataset(x, x[:, :1])
+loader = DataLoader(data, batch_size=8, sampler=DistributedSampler(data, seed=0))
+for xb, yb in loader:
+    loss = nn.functional.mse_loss(model(xb), yb){DIVIDE}
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+dist.destroy_process_group()
+'''
+
+
+@pytest.mark.parametrize("divide", ["", " / world"])
+def test_fsdp2_shards_are_put_together_and_compared(tmp_path, divide):
+    path = tmp_path / "train_fsdp2.py"
+    path.write_text(FSDP2.replace("{DIVIDE}", divide))
+    rep = _run(str(path))
+    found = [(f.severity, f.code) for f in _ours(rep)]
+    assert any("3 step(s) compared with one process" in n for n in rep.notes), rep.notes
+    if not divide:
+        assert found == [] and not _loud(rep), rep.findings
+        return
+    assert found == [("warning", "reference-differs")], rep.findings
+    f = _ours(rep)[0]
+    assert "every gradient is 0.50x" in f.title and f.where.startswith("train_fsdp2.py:19: ")
+
+
+def test_dropout_inside_a_compiled_model_is_explained(tmp_path):
+    path = tmp_path / "train.py"
+    path.write_text(SCRIPT.replace("{NORM}", "nn.Dropout(0.1), ").replace("{OPT}", "SGD").replace(
+        "{DIVIDE}", "").replace("model = DDP(", "model = torch.compile(DDP(").replace(
+        "nn.Linear(16, 1)))", "nn.Linear(16, 1))), backend=\"aot_eager\")"))
+    rep = _run(str(path))
+    found = _ours(rep)
+    assert [(f.severity, f.code) for f in found] == [("info", "reference-explained")], rep.findings
+    assert any("dropout in a compiled model" in e for e in found[0].evidence), found[0].evidence
+    assert not _loud(rep), rep.findings
