@@ -88,6 +88,10 @@ CHECK = Check(
            "left on and a parting is explained, not judged",
            "BatchNorm without SyncBatchNorm normalises each rank's batch: a parting is explained "
            "(info), not judged",
+           "random numbers the step draws after its batch (noise on the inputs, a random mask) "
+           "differ between the runs: a parting is explained (info), not judged",
+           "a gradient near zero is weighed against the whole model's (a float sum's order is "
+           "noise there)",
            "the first DDP model (or FSDP2's root) is compared, with the first optimizer that "
            "steps; a model over 50M parameters is not",
            "the line is named from one mechanism: the learning rate's construction, an "
