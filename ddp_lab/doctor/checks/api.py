@@ -176,6 +176,24 @@ RANK_KEYS = {
     "optimizer.idle": "optimizer: {o, line, s, at, params, elsewhere}: its 2nd step with no gradient",
     "optimizer.stale": "optimizer: {o, k, s, line, built}: a step on gradients holding the last step's",
     "optimizer.summary": "optimizer: [{o, line, k, chain, changes, v, live, idle}] at the end",
+    # the reference check's, only under --reference (both runs: the watched ranks and the reference)
+    "reference.loaders": "reference: {i, line, batch, custom_batches, drop_last, sampler, iterable, "
+                         "arg: {dest, option, value, guessed} | None} per DataLoader made",
+    "reference.batches": "reference: {s, i, n, rows: [crc32 per row]} per batch drawn in the compared steps",
+    "reference.scaled": "reference (the reference run): {dest, option, from, to} per argument "
+                        "scaled; {i, from, to, line, patched} per DataLoader given the global batch",
+    "reference.optimizers": "reference: {kind: optimizer|scheduler, type, line, s, lrs, lr_line}",
+    "reference.grad-reduce": "reference: {s, param, op, line}: the script's all_reduce of a .grad",
+    "reference.dropout": "reference: {s, n}: dropout calls switched off in a compared step",
+    "reference.precision": "reference: {s, dtype}: autocast's precision in a compared step",
+    "reference.random": "reference: {s, fn, line}: a random draw of the step after its batch",
+    "reference.model": "reference: {kind, type, line, numel, batchnorm, dtype} of the compared "
+                       "model; {compiled_dropout} for a compiled one with dropout",
+    "reference.init": "emit (the reference run): {loaded, differed}: rank 0's initial state loaded",
+    "reference.compare": "reference (the reference run): {s, t: [[name, grad rel, grad ratio, "
+                         "update rel, update ratio]], lr: [theirs, mine], bn, init} per step",
+    "reference.lines": "reference (the reference run): {s, where, name, shape, reference, why, "
+                       "apart, rel}: the first line whose batch-shaped tensor parts",
 }
 
 
