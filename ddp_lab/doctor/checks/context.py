@@ -60,6 +60,9 @@ class Context:
         self._roots: list[Watched] = []  # FSDP2's roots among _fsdp (models)
         self._others: list[Watched] = []
         self._functions: dict[Any, list[Callable]] = {}
+        self._every: list[Callable] = []  # on_every_torch_function's handlers switched on now
+        self.every_wanted = False  # some check asked for every torch function, at times
+        self.every_changed: Callable | None = None  # the core's mode rereads _every (core.py)
         self._local = threading.local()
         self._stepping_optimizer = None
         self.steps_by_optimizer = True  # the function API ends a step when train_step returns
@@ -104,6 +107,22 @@ class Context:
         One TorchFunctionMode serves every check (core: core.FunctionWatch)."""
         for f in funcs:
             self._functions.setdefault(f, []).append(fn)
+
+    def on_every_torch_function(self, fn: Callable) -> Callable[[bool], None]:
+        """`fn(func, args, kwargs, result)` after EVERY torch function called from eager code,
+        while switched on; returns `switch(on)` (it starts off). For a check that follows a few
+        tensors for a while (collectives: the results a collective left undefined): switched
+        off, the mode's common path is unchanged (one dict lookup); on, every torch call pays
+        for the handler, so a check switches it on only while it has something to follow."""
+        self.every_wanted = True
+
+        def switch(on: bool) -> None:
+            if bool(on) == (fn in self._every):
+                return
+            (self._every.append if on else self._every.remove)(fn)
+            if self.every_changed is not None:
+                self.every_changed()
+        return switch
 
     def guard(self, fn: Callable) -> Callable:
         """`fn` wrapped so that an exception of the check's own code is recorded (under

@@ -130,9 +130,10 @@ def _outside_the_mode(ctx: Context, fn):
 
 
 def function_mode(ctx: Context):
-    """One TorchFunctionMode for every check's `on_torch_function`, or None when no check
-    asked. It steps aside while torch.compile traces and for the checks' own calls."""
-    if not ctx._functions:
+    """One TorchFunctionMode for every check's `on_torch_function` (and, while a check has
+    switched one on, its `on_every_torch_function`), or None when no check asked. It steps
+    aside while torch.compile traces and for the checks' own calls."""
+    if not ctx._functions and not ctx.every_wanted:
         return None
     import torch
     from torch.overrides import TorchFunctionMode
@@ -149,6 +150,16 @@ def function_mode(ctx: Context):
             ctx.guard(h)(func, args, kwargs, result)
 
     watched = table.get
+    every = ctx._every
+
+    def every_changed():
+        # While a check follows every call, the lookup adds its handlers to each function's;
+        # switched off, the common path below is `table.get` again, one dict lookup.
+        nonlocal watched
+        watched = (lambda f: (table.get(f) or []) + every) if every else table.get
+
+    ctx.every_changed = every_changed
+    every_changed()
 
     class FunctionWatch(TorchFunctionMode):
         def __torch_function__(self, func, types, args=(), kwargs=None):
