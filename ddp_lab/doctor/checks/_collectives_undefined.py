@@ -112,18 +112,18 @@ class Undefined:
     def after(self, op: str, bound: dict, work, rank: int, line: str, step: int) -> None:
         """Follow the outputs an async collective returned a Work for, and a reduce's tensor
         on a rank that is not its destination."""
-        off_root = (op == "reduce" and bound.get("group") is None and bound.get("dst") is not None
-                    and bound.get("dst") != rank)
+        dst = bound.get("dst") if bound.get("dst") is not None else bound.get("group_dst")
+        off_root = op == "reduce" and bound.get("group") is None and dst is not None and dst != rank
         outputs = _tensors(bound.get(OUTPUT.get(op, ""), None))
         if bound.get("async_op") and work is not None and outputs:
-            origin = ("async", op, line, step, bound.get("dst") if off_root else None)
+            origin = ("async", op, line, step, dst if off_root else None)
             for t in outputs:
                 self.follow(t, origin)
             self.works[id(work)] = (work, origin, [id(t) for t in outputs])
             self.patch_work(type(work))
         elif off_root:
             for t in outputs:
-                self.follow(t, ("off-root", op, line, step, bound["dst"]))
+                self.follow(t, ("off-root", op, line, step, dst))
 
     def resolved(self, work) -> None:
         """The Work was waited for: its outputs are defined (an off-root reduce's stay not)."""
@@ -168,12 +168,12 @@ class Undefined:
     def seen(self, func, args, kwargs, result) -> None:
         ids = self.ids
         hit = None
-        for a in (*args, *kwargs.values()):
-            for t in _tensors(a):
-                if id(t) in ids:
-                    hit = ids[id(t)][0]
-                    break
-            if hit is not None:
+        for a in (*args, *kwargs.values()) if kwargs else args:
+            found = ids.get(id(a))  # a tensor's id (a list's is never among them)
+            if found is None and type(a) in (list, tuple):
+                found = next((ids[id(b)] for b in a if id(b) in ids), None)
+            if found is not None:
+                hit = found[0]
                 break
         if hit is None:
             return

@@ -72,7 +72,8 @@ class Uses:
         else:
             target = w.module
         if hasattr(target, "register_forward_pre_hook"):
-            self.hooks.append((target, target.register_forward_pre_hook(self.ctx.guard(self.opened))))
+            # unguarded: it only sets a flag (a guard would cost each forward a context manager)
+            self.hooks.append((target, target.register_forward_pre_hook(self.opened)))
 
     # --- broadcasts ----------------------------------------------------------------------------
     def broadcast(self, op: str, bound: dict, line: str, stack: list) -> None:

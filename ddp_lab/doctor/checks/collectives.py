@@ -101,21 +101,20 @@ def attach(ctx):
     ctx.on_finish(undefined.unpatch)
     names = {}
 
-    def before(op, args, kwargs, frame):
-        """What the call does to a followed tensor, and what the script's own call is given;
-        returns what `after` needs, or None."""
-        if op not in USED:
-            return None
+    def before(op, args, kwargs, own):
+        """What the call does to a followed tensor, and what the script's own call (`own`: its
+        frame, else None) is given; returns what `after` needs, or None."""
         bound = dict(zip(names[op], args), **kwargs)
         if undefined.ids:
             undefined.before(op, bound, dist.get_rank())
-        own = _direct(ctx, frame)
-        if own is None or bound.get("group") not in (None, getattr(c10d.GroupMember, "WORLD", None)):
+        if own is None:
             return None
-        line = ctx.user_line(own)
-        if op in ("broadcast", "broadcast_object_list"):
-            uses.broadcast(op, bound, line, _stack(ctx, own))
-        grad = uses.grad_before(bound) if op == "all_reduce" else None
+        line, grad = ctx.user_line(own), None
+        if bound.get("group") in (None, getattr(c10d.GroupMember, "WORLD", None)):
+            bound["group"] = None  # the default group: ranks are global ranks
+            if op in ("broadcast", "broadcast_object_list"):
+                uses.broadcast(op, bound, line, _stack(ctx, own))
+            grad = uses.grad_before(bound) if op == "all_reduce" else None
         return bound, line, grad
 
     def after(op, state, out):
@@ -128,13 +127,18 @@ def attach(ctx):
     before, after = ctx.guard(before), ctx.guard(after)
 
     def wrap(op, fn):
+        used = op in USED
+
         def collective(*args, **kwargs):
             if ctx.checking or getattr(depth, "n", 0) or torch.compiler.is_compiling():
                 return fn(*args, **kwargs)  # a check's own call, or one inside another
             frame = sys._getframe(1)
             if len(kept) < KEEP:
                 guarded(op, args, kwargs, frame)
-            state = before(op, args, kwargs, frame)
+            state = None
+            if used and ((own := _direct(ctx, frame)) is not None or undefined.ids):
+                state = before(op, args, kwargs, own)  # the script's own call, or one that may
+                # read or define a followed tensor; a library's (FSDP2's, DDP's) costs no more
             depth.n = 1
             try:
                 out = fn(*args, **kwargs)

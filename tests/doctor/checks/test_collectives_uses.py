@@ -110,6 +110,9 @@ BAD = '''
             dist.reduce(seen, dst=0)  # REDUCE
             if float(seen) > 0 and rank == 0:
                 print(f"step {step} loss {total:.4f}")
+            count = torch.ones(1)
+            dist.reduce(count, group=dist.group.WORLD, group_dst=0)  # GROUP_DST
+            assert count.item() >= 1
         with torch.no_grad():
             val = F.mse_loss(model(x), y).reshape(1)
         dist.broadcast(val, src=0)  # BROADCAST
@@ -129,8 +132,9 @@ def test_reads_while_undefined_and_broadcasts_of_own_values_are_found_at_their_l
     path.write_text(textwrap.dedent(BAD))
     report = run(str(path))
     found = {(f.code, f.where.split(":")[1]) for f in mine(report)}
-    at = {m: str(line_of(path, f"# {m}")) for m in ("READ", "REDUCE", "BROADCAST", "OBJECTS")}
+    at = {m: str(line_of(path, f"# {m}")) for m in ("READ", "REDUCE", "GROUP_DST", "BROADCAST", "OBJECTS")}
     assert found == {("read-while-undefined", at["READ"]), ("read-while-undefined", at["REDUCE"]),
+                     ("read-while-undefined", at["GROUP_DST"]),  # the default group named
                      ("broadcast-drops-rank-values", at["BROADCAST"]),
                      ("broadcast-drops-rank-values", at["OBJECTS"])}, found
     off_root = next(f for f in mine(report) if f.where.split(":")[1] == at["REDUCE"])
@@ -345,6 +349,27 @@ def test_every_torch_function_is_served_only_while_switched_on():
         switch(False)
         torch.ones(1) * 2
     assert seen == ["ones", "add"], seen  # Tensor.__add__ reaches the mode as Tensor.add
+
+
+def test_a_follower_runs_after_a_function_s_own_handlers_and_its_error_is_recorded():
+    ctx = Context(__file__)
+    calls = []
+    ctx.on_torch_function([torch.Tensor.add], lambda f, a, k, out: calls.append("own"))
+
+    def follower(func, args, kwargs, result):
+        calls.append(func.__name__)
+        assert ctx.checking  # the follower's own torch calls are not seen by the checks
+        if func.__name__ == "mul":
+            raise ValueError("a check's bug")
+
+    switch = ctx.on_every_torch_function(follower)
+    with function_mode(ctx):
+        switch(True)
+        out = (torch.ones(1) + 1) * 3  # the script goes on
+        switch(False)
+    assert float(out) == 6.0 and not ctx.checking
+    assert calls == ["ones", "own", "add", "mul"], calls
+    assert any("ValueError: a check's bug" in e for e in ctx.records["check-errors"])
 
 
 # --- the source: a value one rank chose on purpose ------------------------------------------------
