@@ -40,6 +40,14 @@ class Uses:
         self.grads: tuple = (-1, {})
         self.pending: dict = {}  # (line, step) -> this step's gradients all_reduced at line
         self.hooks: list = []  # (module, handle)
+
+        def pre_hook(module, args) -> None:
+            # Unguarded: it only sets a flag (a guard costs each forward a context manager). A
+            # function, never a bound method: copy.deepcopy(model) (the script's EMA copy, the
+            # checkpoints check's reload) copies a bound method's object, this check and its
+            # context with it (open files: "cannot pickle '_io.TextIOWrapper' object").
+            self.open = True
+        self.pre_hook = pre_hook
         ctx.on_model(lambda c, w: self.hook_model(w))
         ctx.on_torch_function([getattr(F, n) for n in LOSSES if hasattr(F, n)],
                               lambda f, a, k, out: self.opened())
@@ -72,8 +80,7 @@ class Uses:
         else:
             target = w.module
         if hasattr(target, "register_forward_pre_hook"):
-            # unguarded: it only sets a flag (a guard would cost each forward a context manager)
-            self.hooks.append((target, target.register_forward_pre_hook(self.opened)))
+            self.hooks.append((target, target.register_forward_pre_hook(self.pre_hook)))
 
     # --- broadcasts ----------------------------------------------------------------------------
     def broadcast(self, op: str, bound: dict, line: str, stack: list) -> None:

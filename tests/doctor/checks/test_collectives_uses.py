@@ -410,3 +410,21 @@ def compile_expr(text):
     import ast
 
     return ast.parse(text, mode="eval").body
+
+
+def test_the_model_s_forward_hook_survives_a_deepcopy_of_the_model():
+    """The script's own copy.deepcopy(model) (an EMA copy; the checkpoints check's reload) copies
+    the model's hooks: the check's must not drag the check and its context along."""
+    import copy
+    from types import SimpleNamespace
+
+    from ddp_lab.doctor.checks._collectives_uses import Uses
+
+    ctx = Context(__file__)
+    uses = Uses(ctx)
+    net = torch.nn.Linear(2, 1)
+    uses.hook_model(SimpleNamespace(kind="ddp", module=net, wrapper=net))
+    twin = copy.deepcopy(net)
+    assert not uses.open
+    twin(torch.ones(1, 2))
+    assert uses.open  # the copy's forward opens the window too: a forward of the same model
