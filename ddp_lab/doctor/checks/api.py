@@ -117,6 +117,12 @@ RANK_KEYS = {
     # the checks' own (see each check's module)
     "collective-calls": "collectives: {op, step, line, shape, stack} per collective called",
     "step-line": "collectives: [file, line] of the user's frame at the first step's end",
+    "collective-reads": "collectives: {route: async|off-root, op, made, made_step, dst, read, how, "
+                        "step}: the first read of a result a collective left undefined",
+    "collective-broadcasts": "collectives: {line, stack, step, src, op, open, v} per broadcast "
+                             "of a few numbers the script called itself",
+    "collective-grads": "collectives: {line, step, op, model, names, params, before, after, end} "
+                        "per line and step that all_reduced gradients DDP had averaged",
     "state": "state: {step, parameter: {name: digest}, buffer: {...}, sharded} per hashed step",
     "state-edits": "state: edits of parameters or buffers outside the optimizer, per line",
     "state-models": "state: {kind, line, sync_buffers} per wrapped model",

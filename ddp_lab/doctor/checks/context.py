@@ -23,6 +23,7 @@ from typing import Any, Callable
 
 from ..frames import ScriptFiles
 from ..userline import describe
+from ._context_built import built_init, subclasses
 from ._context_steps import StepOptimizer
 
 KEEP = 500  # items kept per `add` key (the newest are dropped: the first are the evidence)
@@ -62,6 +63,9 @@ class Context:
         self._others: list[Watched] = []
         self._functions: dict[Any, list[Callable]] = {}
         self._built: dict[type, list[Callable]] = {}  # on_built: class -> callbacks
+        self._every: list[Callable] = []  # on_every_torch_function's handlers switched on now
+        self.every_wanted = False  # some check asked for every torch function, at times
+        self.every_changed: Callable | None = None  # the core's mode rereads _every (core.py)
         self._local = threading.local()
         self._stepping = StepOptimizer()  # which optimizer's step ends a step
         self.steps_by_optimizer = True  # the function API ends a step when train_step returns
@@ -115,28 +119,9 @@ class Context:
         when the outermost returns. Never for the checks' own builds."""
         for cls in classes:
             self._built.setdefault(cls, []).append(fn)
-            for c in [cls, *_subclasses(cls)]:
+            for c in [cls, *subclasses(cls)]:
                 if "__init__" in vars(c) and not getattr(c.__init__, "_watched", False):
-                    c.__init__ = self._built_init(c.__init__)
-
-    def _built_init(self, init):
-        import functools
-
-        @functools.wraps(init)
-        def built(obj, *args, **kwargs):
-            depth = getattr(self._local, "building", 0)
-            self._local.building = depth + 1
-            try:
-                init(obj, *args, **kwargs)
-            finally:
-                self._local.building = depth
-            if depth == 0 and not self.checking:
-                for cls, fns in self._built.items():
-                    for fn in fns if isinstance(obj, cls) else ():
-                        self.guard(fn)(self, obj, sys._getframe(1))
-
-        built._watched = True
-        return built
+                    c.__init__ = built_init(self, c.__init__)
 
     def off_torch_function(self, funcs, fn: Callable) -> None:
         """`fn` no longer called after `funcs` (a check that watches for a while: it leaves the
@@ -145,6 +130,22 @@ class Context:
             handlers = self._functions.get(f)
             if handlers is not None and fn in handlers:
                 handlers.remove(fn)
+
+    def on_every_torch_function(self, fn: Callable) -> Callable[[bool], None]:
+        """`fn(func, args, kwargs, result)` after EVERY torch function called from eager code,
+        while switched on; returns `switch(on)` (it starts off). For a check that follows a few
+        tensors for a while (collectives: the results a collective left undefined): switched
+        off, the mode's common path is unchanged (one dict lookup); on, every torch call pays
+        for the handler, so a check switches it on only while it has something to follow."""
+        self.every_wanted = True
+
+        def switch(on: bool) -> None:
+            if bool(on) == (fn in self._every):
+                return
+            (self._every.append if on else self._every.remove)(fn)
+            if self.every_changed is not None:
+                self.every_changed()
+        return switch
 
     def guard(self, fn: Callable) -> Callable:
         """`fn` wrapped so that an exception of the check's own code is recorded (under
@@ -240,13 +241,6 @@ class Context:
     def snapshot(self) -> dict:
         """Everything this rank recorded, as plain data (the torchrun path sends it whole)."""
         return dict(self.records, steps=self.steps)
-
-
-def _subclasses(cls) -> list:
-    found = []
-    for sub in cls.__subclasses__():
-        found += [sub, *_subclasses(sub)]
-    return found
 
 
 def class_name(module) -> str:
