@@ -20,7 +20,7 @@ import ddp_lab.doctor as wing
 from ddp_lab.doctor import frames, userline
 from ddp_lab.doctor.checks import api
 from ddp_lab.doctor.exam import run
-from ddp_lab.doctor.watch import core
+from ddp_lab.doctor.watch import core, script
 from ddp_lab.launching import launcher
 from test_layers import find_cycle, import_graph
 
@@ -37,7 +37,7 @@ WATCH = Path(core.__file__).parent
 PUBLIC = {f"{Path(run.__file__).relative_to(WING)}:{run.doctor.__name__}",
           f"{(WATCH / '__init__.py').relative_to(WING)}:watch",
           # ddp_lab.watch("train.py", ...) is this function: the public call's keywords, one by one
-          f"{(WATCH / 'script.py').relative_to(WING)}:watch_script"}
+          f"{Path(script.__file__).relative_to(WING)}:{script.watch_script.__name__}"}
 MOST_PARAMETERS = 8
 MOST_LINES = 300
 

@@ -117,6 +117,8 @@ class Uses:
             return None
         made, table = self.grads
         found = table.get(t.data_ptr())
+        if found is not None and not _holds(found[3](), t):
+            found, made = None, None  # memory an earlier backward's gradient had: read again
         if found is None and made != self.backwards:
             table = {}
             for w in self.ctx.models:
@@ -174,3 +176,10 @@ class Uses:
                 agg["end"] = sum(_sq(g) for g in grads)
             self.ctx.add(GRADS, agg)
         self.pending = {}
+
+
+def _holds(param, t) -> bool:
+    """`t` is `param`'s gradient now (its memory): a table made at an earlier backward may name
+    memory zero_grad freed and the allocator gave to another tensor (a logged loss's clone)."""
+    grad = getattr(param, "grad", None)
+    return grad is not None and grad.data_ptr() == t.data_ptr()
