@@ -34,7 +34,9 @@ def dropout_hooks(model, masks: dict):
                 masks[name] = digest(state)
         return record
 
-    return [m.register_forward_pre_hook(hook(n)) for n, m in model.named_modules()
+    from ..checks._context_hooks import UserHook  # train_step's own torch.save(model): inert
+
+    return [m.register_forward_pre_hook(UserHook(hook(n))) for n, m in model.named_modules()
             if isinstance(m, torch.nn.Dropout)]
 
 
