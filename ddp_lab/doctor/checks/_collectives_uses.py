@@ -80,8 +80,8 @@ class Uses:
         else:
             target = w.module
         if hasattr(target, "register_forward_pre_hook"):
-            hook = self.ctx.user_hook(self.pre_hook, guarded=False)
-            self.hooks.append((target, target.register_forward_pre_hook(hook)))
+            self.hooks.append((target, target.register_forward_pre_hook(
+                self.ctx.user_hook(self.pre_hook, guarded=False))))
 
     # --- broadcasts ----------------------------------------------------------------------------
     def broadcast(self, op: str, bound: dict, line: str, stack: list) -> None:

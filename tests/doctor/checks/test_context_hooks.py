@@ -70,3 +70,39 @@ def _saved(obj) -> bytes:
     buf = io.BytesIO()
     torch.save(obj, buf)
     return buf.getvalue()
+
+
+ON_THE_OBJECT = {"register_forward_pre_hook", "register_forward_hook", "register_full_backward_hook",
+                 "register_full_backward_pre_hook", "register_backward_hook", "register_hook",
+                 "register_post_accumulate_grad_hook", "register_step_pre_hook",
+                 "register_step_post_hook", "register_state_dict_pre_hook",
+                 "register_state_dict_post_hook", "_register_state_dict_hook",
+                 "register_load_state_dict_pre_hook", "register_load_state_dict_post_hook",
+                 "_register_load_state_dict_pre_hook", "register_load_state_dict_post_hook"}
+
+
+def test_every_hook_watch_puts_on_a_users_object_is_a_user_hook():
+    """A hook stored on the user's module, optimizer or tensor (torch pickles a module's hook
+    dicts with it) is registered as ctx.user_hook(...) or UserHook(...) in the checks and the
+    watch core; torch's global hooks (register_optimizer_step_pre_hook,
+    register_module_*_hook) live in torch's module globals and never travel with an object."""
+    import ast
+    from pathlib import Path
+
+    import ddp_lab.doctor as doctor
+
+    root = Path(doctor.__file__).parent
+    files = sorted([*root.joinpath("checks").glob("*.py"), *root.joinpath("watch").glob("*.py")])
+    found, bare = 0, []
+    for path in files:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr in ON_THE_OBJECT):
+                continue
+            found += 1
+            arg = node.args[0] if node.args else None
+            name = arg.func if isinstance(arg, ast.Call) else None
+            name = getattr(name, "attr", getattr(name, "id", None))
+            if name not in ("user_hook", "UserHook"):
+                bare.append(f"{path.name}:{node.lineno}")
+    assert found >= 7 and not bare, bare
