@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import sys
 
+from ..checks._context_hooks import UserHook  # train_step's own torch.save(model): inert
 from ..checks.api import digest
 from ..frames import in_optimizer, user_frame
 
@@ -33,8 +34,6 @@ def dropout_hooks(model, masks: dict):
                 state = (torch.cuda.get_rng_state(x.device) if x.is_cuda else torch.get_rng_state())
                 masks[name] = digest(state)
         return record
-
-    from ..checks._context_hooks import UserHook  # train_step's own torch.save(model): inert
 
     return [m.register_forward_pre_hook(UserHook(hook(n))) for n, m in model.named_modules()
             if isinstance(m, torch.nn.Dropout)]
