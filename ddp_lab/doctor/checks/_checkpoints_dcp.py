@@ -133,7 +133,7 @@ def attach_dcp(ctx) -> None:
                 def before(module, args, hook=hook, w=w):
                     hook[0].remove()
                     ctx.guard(check_loads)(ctx, pending, plain_module(w), "forward")
-                hook.append(plain_module(w).register_forward_pre_hook(before))
+                hook.append(plain_module(w).register_forward_pre_hook(ctx.user_hook(before, guarded=False)))
         return out
 
     for owner in (dcp, saver):

@@ -42,10 +42,10 @@ class Uses:
         self.hooks: list = []  # (module, handle)
 
         def pre_hook(module, args) -> None:
-            # Unguarded: it only sets a flag (a guard costs each forward a context manager). A
-            # function, never a bound method: copy.deepcopy(model) (the script's EMA copy, the
-            # checkpoints check's reload) copies a bound method's object, this check and its
-            # context with it (open files: "cannot pickle '_io.TextIOWrapper' object").
+            # Unguarded: it only sets a flag (a guard costs each forward a context manager).
+            # Registered as ctx.user_hook: the script's copy.deepcopy(model) (an EMA copy, the
+            # checkpoints check's reload) or torch.save(model) carries an inert hook, never this
+            # check and its context (open files: "cannot pickle '_io.TextIOWrapper' object").
             self.open = True
         self.pre_hook = pre_hook
         ctx.on_model(lambda c, w: self.hook_model(w))
@@ -80,7 +80,8 @@ class Uses:
         else:
             target = w.module
         if hasattr(target, "register_forward_pre_hook"):
-            self.hooks.append((target, target.register_forward_pre_hook(self.pre_hook)))
+            self.hooks.append((target, target.register_forward_pre_hook(
+                self.ctx.user_hook(self.pre_hook, guarded=False))))
 
     # --- broadcasts ----------------------------------------------------------------------------
     def broadcast(self, op: str, bound: dict, line: str, stack: list) -> None:

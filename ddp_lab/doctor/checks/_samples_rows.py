@@ -89,7 +89,8 @@ class Rows:
                 record(w, group, args, kwargs, handle)
             return None
 
-        handle = target.register_forward_pre_hook(hook, with_kwargs=True)
+        handle = target.register_forward_pre_hook(ctx.user_hook(hook, guarded=False),
+                                                   with_kwargs=True)
 
     def record(self, w, group, args, kwargs, handle) -> None:
         if w.kind == "fsdp2" and not any(m.module is w.module for m in self.ctx.models):

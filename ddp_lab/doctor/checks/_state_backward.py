@@ -42,7 +42,7 @@ class Backwards:
             return
         key = id(w.wrapper)
         self.ddp[key] = w.wrapper
-        self.hooks[key] = w.wrapper.register_forward_hook(self.ctx.guard(self._forward))
+        self.hooks[key] = w.wrapper.register_forward_hook(self.ctx.user_hook(self._forward))
 
     def _forward(self, wrapper, args, output) -> None:
         import torch

@@ -24,6 +24,7 @@ from typing import Any, Callable
 from ..frames import ScriptFiles
 from ..userline import describe
 from ._context_built import built_init, subclasses
+from ._context_hooks import UserHook
 from ._context_steps import StepOptimizer
 
 KEEP = 500  # items kept per `add` key (the newest are dropped: the first are the evidence)
@@ -160,6 +161,14 @@ class Context:
                 self.add("check-errors", f"{getattr(fn, '__qualname__', fn)}: {type(exc).__name__}: {exc}")
                 return None
         return guarded
+
+    def user_hook(self, fn: Callable, guarded: bool = True) -> UserHook:
+        """The hook a check registers on the user's object (`module.register_forward_hook(
+        ctx.user_hook(fn))`, an optimizer's, a tensor's): `fn` under `guard` (`guarded=False`:
+        a hook that guards its own inner call, kept cheap or traceable by dynamo); the script's
+        own pickle, torch.save or deepcopy of that object carries an inert no-op instead of the
+        check and its context (_context_hooks.py)."""
+        return UserHook(self.guard(fn) if guarded else fn)
 
     @contextmanager
     def in_checks(self):

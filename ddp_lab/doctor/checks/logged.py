@@ -219,8 +219,8 @@ def _count_rows(ctx, watched, state):
     def done(module, args, output):
         state["depth"] = max(0, state.get("depth", 0) - 1)
     hooks.append((watched.module, [
-        watched.module.register_forward_pre_hook(ctx.guard(rows), with_kwargs=True),
-        watched.module.register_forward_hook(ctx.guard(done))]))
+        watched.module.register_forward_pre_hook(ctx.user_hook(rows), with_kwargs=True),
+        watched.module.register_forward_hook(ctx.user_hook(done))]))
 
 
 def _on_number(ctx, func, args, out):

@@ -57,7 +57,8 @@ class _Rank:
                 "stack": user_stack(ctx, frame), "first": True, "load": None, "due": True}
         self.optimizers[opt] = info
         stepping = ctx.guard(self.stepping)
-        opt.register_step_pre_hook(lambda o, args, kwargs: stepping(o, info) if info["due"] else None)
+        opt.register_step_pre_hook(ctx.user_hook(
+            lambda o, args, kwargs: stepping(o, info) if info["due"] else None, guarded=False))
 
     def scheduler_built(self, ctx, sched, frame) -> None:
         self.schedulers[sched] = {"line": ctx.user_line(frame)}

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import sys
 
+from ..checks._context_hooks import UserHook  # train_step's own torch.save(model): inert
 from ..checks.api import digest
 from ..frames import in_optimizer, user_frame
 
@@ -34,7 +35,7 @@ def dropout_hooks(model, masks: dict):
                 masks[name] = digest(state)
         return record
 
-    return [m.register_forward_pre_hook(hook(n)) for n, m in model.named_modules()
+    return [m.register_forward_pre_hook(UserHook(hook(n))) for n, m in model.named_modules()
             if isinstance(m, torch.nn.Dropout)]
 
 
