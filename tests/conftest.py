@@ -6,6 +6,9 @@ from pathlib import Path
 
 import pytest
 
+import run_log
+from suite_budget import Budget
+
 REPO = Path(__file__).resolve().parent.parent  # the repository: tests/ may have subfolders
 WATCH_CORPUS = REPO / "tests" / "corpus" / "watch"
 
@@ -109,6 +112,27 @@ def _browser_tree() -> set[int]:
     return _tree(_browser_roots)
 
 
+# --- The session's record: launches counted in every process, minutes per folder ---------------
+_suite: run_log.Session | None = None
+
+
+def pytest_configure(config):
+    """The launch log and the kernels' start-up file exist before anything launches (the
+    portable pass's kernels inherit them); the budget's table prints at the end."""
+    global _suite
+    if os.environ.get("DDP_LAB_KERNEL_PASS") == "child" or _suite is not None:
+        return
+    _suite = run_log.Session()
+    config.pluginmanager.register(Budget(_suite), "suite_budget")
+
+
+def pytest_unconfigure(config):
+    global _suite
+    if _suite is not None:
+        _suite.close()
+        _suite = None
+
+
 _SCENARIO_RUNS: dict = {}
 
 
@@ -157,7 +181,9 @@ class KernelPass:
         import tempfile
 
         self.log = tempfile.TemporaryFile(mode="w+")
-        env = dict(os.environ, **KERNEL_PASS_ENV, DDP_LAB_KERNEL_PASS="child")
+        env = dict(os.environ, **KERNEL_PASS_ENV, DDP_LAB_KERNEL_PASS="child",
+                   **{run_log.ORIGIN_VAR: "portable"})
+        self.started, self.seconds, self.summary = time.time(), None, ""
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", *notebooks],
             cwd=REPO, env=env,
@@ -166,8 +192,11 @@ class KernelPass:
 
     def wait(self, timeout: float = 900) -> tuple[int, str]:
         self.proc.wait(timeout)
+        self.seconds = time.time() - self.started
         self.log.seek(0)
-        return self.proc.returncode, self.log.read()
+        output = self.log.read()
+        self.summary = output.strip().splitlines()[-1] if output.strip() else "(no output)"
+        return self.proc.returncode, output
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -202,6 +231,10 @@ def pytest_collection_modifyitems(session, config, items):
 def pytest_sessionfinish(session, exitstatus):
     if _kernel_pass is not None:
         _kernel_pass.stop()
+        budget = session.config.pluginmanager.get_plugin("suite_budget")
+        if budget is not None and _kernel_pass.seconds is not None:
+            budget.apart["portable-kernel pass (in the background, wall)"] = (
+                f"{_kernel_pass.seconds:.0f} s: {_kernel_pass.summary}")
 
 
 @pytest.fixture

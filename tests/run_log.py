@@ -1,0 +1,226 @@
+"""What the suite launches, in every process of the session that launches ranks: this one, the
+notebooks' kernels (strict nbval's, the portable pass's, the exercises' kernel) and none other.
+
+Each `ddp_lab.launch` appends one line to the session's launch log (JSON: when, which process,
+the run's label, its ranks and seconds): tests/suite_budget.py counts them per folder and per
+notebook. In a kernel of the session's own strict nbval pass, a scenario run exactly as the
+registry declares it (`scenario.run("broken")`: no argument changed, and the kernel's environment
+as it started, so the ranks get the same one) is also kept, with the processes it left behind,
+for tests/course/test_registry.py and the lesson tests (`conftest.scenario_run`): they check that
+run instead of launching the same one again.
+
+A kernel loads this file at start-up from the session's IPython folder (IPYTHONDIR, set by
+`session_start`; kernels inherit it): the modules are wrapped when they are first imported, so a
+notebook's namespace and outputs are as without it.
+"""
+from __future__ import annotations
+
+import importlib.abc
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+LOG_VAR = "DDP_LAB_SUITE_LOG"      # the launch log (a file)
+RUNS_VAR = "DDP_LAB_SUITE_RUNS"    # the folder of the notebooks' scenario runs
+ORIGIN_VAR = "DDP_LAB_SUITE_ORIGIN"  # set by the portable pass for its kernels: "portable"
+HOOK = os.path.abspath(__file__)
+
+current_test = ""  # this process's running test (the plugin sets it): the launch's owner
+
+
+# --- In any process: wrap the launcher (and, in a kernel, the registry) when imported ----------
+
+def _log_launch(result, origin: str) -> None:
+    path = os.environ.get(LOG_VAR)
+    if not path:
+        return
+    line = json.dumps({"t": time.time(), "pid": os.getpid(), "origin": origin,
+                       "test": current_test, "label": getattr(result, "label", ""),
+                       "ranks": len(getattr(result, "ranks", [])),
+                       "seconds": round(getattr(result, "seconds", 0.0), 3)})
+    with open(path, "a") as f:  # one short line, appended: whole even with several writers
+        f.write(line + "\n")
+
+
+def _wrap_launcher(module, origin: str) -> None:
+    """Every launch ends in `_collect`, whatever name the caller imported `launch` under."""
+    collect = module._collect
+    if getattr(collect, "_logged", False):
+        return
+
+    def logged_collect(*args, **kwargs):
+        result = collect(*args, **kwargs)
+        _log_launch(result, origin)
+        return result
+
+    logged_collect._logged = True
+    module._collect = logged_collect
+
+
+def _wrap_registry(module, runs: str, start_env: dict, start_path: list) -> None:
+    """Keep `Scenario.run(which)` made with no other argument, the environment and sys.path (the
+    ranks get both) as they were when the process started."""
+    Scenario = module.Scenario
+    run = Scenario.run
+    if getattr(run, "_kept", False):
+        return
+
+    def kept_run(self, which: str = "broken", **kwargs):
+        from ddp_lab.launching.processes import descendants
+
+        before = descendants(os.getpid())
+        result = run(self, which, **kwargs)
+        if not kwargs and dict(os.environ) == start_env and _path() == start_path:
+            _keep(runs, self.key, which, result, before)
+        return result
+
+    kept_run._kept = True
+    Scenario.run = kept_run
+
+
+def _path() -> list[str]:
+    """sys.path, less the start-up folder IPython puts first while it runs this file."""
+    startup = os.path.join("profile_default", "startup")
+    return [p for p in sys.path if not p.endswith(startup)]
+
+
+def _keep(runs: str, key: str, which: str, result, before: set) -> None:
+    import cloudpickle
+
+    path = os.path.join(runs, f"{key.replace('/', '__')}__{which}.pkl")
+    if os.path.exists(path):
+        return  # a notebook may run a variant twice: the first run is kept
+    record = {"t": time.time(), "pid": os.getpid(), "result": result,
+              "leftovers": _leftovers(before)}
+    try:
+        data = cloudpickle.dumps(record)
+    except Exception:
+        return  # the registry test runs it itself
+    tmp = path + f".{os.getpid()}.tmp"
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+def _leftovers(before: set, wait: float = 3.0) -> list[str]:
+    """What conftest.no_leftovers checks: processes started by the run (the fork server aside)
+    still alive `wait` s after it."""
+    from ddp_lab.launching import processes
+
+    server = processes._server.proc.pid if processes._server is not None else None
+    deadline = time.time() + wait
+    while True:
+        extra = processes.descendants(os.getpid()) - before - {server}
+        if not extra or time.time() > deadline:
+            return [f"{pid} ({_cmdline(pid)})" for pid in sorted(extra)]
+        time.sleep(0.05)
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline") as f:
+            return f.read().replace("\0", " ").strip()[:160] or "?"
+    except OSError:
+        return "gone"
+
+
+class _Patching(importlib.abc.MetaPathFinder):
+    """Finds the modules named in `patches` as the other finders do, and patches each once it
+    has run (its loader otherwise unchanged: source, file name and resources as before)."""
+
+    def __init__(self, patches: dict):
+        self.patches = patches
+
+    def find_spec(self, name, path, target=None):
+        if name not in self.patches:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(name, path, target)
+            if spec is not None and spec.loader is not None:
+                spec.loader = _PatchingLoader(spec.loader, self.patches[name])
+                return spec
+        return None
+
+
+class _PatchingLoader(importlib.abc.Loader):
+    def __init__(self, loader, patch):
+        self._loader, self._patch = loader, patch
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module):
+        self._loader.exec_module(module)
+        self._patch(module)
+
+    def __getattr__(self, name):  # get_source, get_filename, get_resource_reader, ...
+        return getattr(self._loader, name)
+
+
+def install(origin: str, runs: str | None = None) -> None:
+    """Wrap the launcher (and with `runs`, the registry) now if imported, else when imported."""
+    patches = {"ddp_lab.launching.launcher": lambda m: _wrap_launcher(m, origin)}
+    if runs:
+        start = dict(os.environ), _path()
+        patches["ddp_lab.course.registry"] = lambda m: _wrap_registry(m, runs, *start)
+    for name, patch in list(patches.items()):
+        if name in sys.modules:
+            patch(sys.modules[name])
+            del patches[name]
+    if patches:
+        sys.meta_path.insert(0, _Patching(patches))
+
+
+# --- In this process: the session's log, folder and kernels' start-up file ----------------------
+
+class Session:
+    def __init__(self):
+        self.folder = tempfile.mkdtemp(prefix="ddp-lab-suite-")
+        self.log = os.path.join(self.folder, "launches.jsonl")
+        self.runs = os.path.join(self.folder, "runs")
+        os.mkdir(self.runs)
+        ipython = os.path.join(self.folder, "ipython")
+        startup = os.path.join(ipython, "profile_default", "startup")
+        os.makedirs(startup)
+        with open(os.path.join(ipython, "profile_default", "ipython_config.py"), "w") as f:
+            f.write("c.HistoryManager.hist_file = ':memory:'\n")  # kernels side by side
+        with open(os.path.join(startup, "50-ddp-lab-suite.py"), "w") as f:
+            f.write(f"__import__('runpy').run_path({HOOK!r}, run_name='ddp_lab_suite_hook')\n")
+        self.saved = {k: os.environ.get(k) for k in (LOG_VAR, RUNS_VAR, "IPYTHONDIR")}
+        os.environ.update({LOG_VAR: self.log, RUNS_VAR: self.runs, "IPYTHONDIR": ipython})
+        install("pytest")
+
+    def launches(self) -> list[dict]:
+        try:
+            with open(self.log) as f:
+                return [json.loads(line) for line in f if line.strip()]
+        except OSError:
+            return []
+
+    def notebook_run(self, key: str, which: str) -> dict | None:
+        """The notebook's run of `key` `which`, kept by its kernel: {"result", "leftovers", "t"}."""
+        import cloudpickle
+
+        path = os.path.join(self.runs, f"{key.replace('/', '__')}__{which}.pkl")
+        if not os.path.exists(path):
+            return None
+        with open(path, "rb") as f:
+            return cloudpickle.loads(f.read())
+
+    def close(self) -> None:
+        for k, v in self.saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+if __name__ == "ddp_lab_suite_hook":  # a kernel's start-up
+    origin = os.environ.get(ORIGIN_VAR, "kernel")
+    install(origin, os.environ.get(RUNS_VAR) if origin == "kernel" else None)
