@@ -27,8 +27,10 @@ LOG_VAR = "DDP_LAB_SUITE_LOG"      # the launch log (a file)
 RUNS_VAR = "DDP_LAB_SUITE_RUNS"    # the folder of the notebooks' scenario runs
 ORIGIN_VAR = "DDP_LAB_SUITE_ORIGIN"  # set by the portable pass for its kernels: "portable"
 HOOK = os.path.abspath(__file__)
+CORPUS = os.path.join(os.path.dirname(HOOK), "corpus") + os.sep
 
 current_test = ""  # this process's running test (the plugin sets it): the launch's owner
+_corpus = ""  # the corpus file the launch being made runs (watch's script, the doctor's model)
 
 
 # --- In any process: wrap the launcher (and, in a kernel, the registry) when imported ----------
@@ -39,6 +41,7 @@ def _log_launch(result, origin: str) -> None:
         return
     line = json.dumps({"t": time.time(), "pid": os.getpid(), "origin": origin,
                        "test": current_test, "label": getattr(result, "label", ""),
+                       "corpus": _corpus,
                        "ranks": len(getattr(result, "ranks", [])),
                        "seconds": round(getattr(result, "seconds", 0.0), 3)})
     with open(path, "a") as f:  # one short line, appended: whole even with several writers
@@ -46,18 +49,43 @@ def _log_launch(result, origin: str) -> None:
 
 
 def _wrap_launcher(module, origin: str) -> None:
-    """Every launch ends in `_collect`, whatever name the caller imported `launch` under."""
-    collect = module._collect
+    """Every launch pickles what it sends (`_pickle_payload`) and ends in `_collect`, whatever
+    name the caller imported `launch` under."""
+    collect, payload = module._collect, module._pickle_payload
     if getattr(collect, "_logged", False):
         return
 
+    def noted_payload(fn, args, kwargs):
+        global _corpus
+        _corpus = corpus_file(args, kwargs)
+        return payload(fn, args, kwargs)
+
     def logged_collect(*args, **kwargs):
+        global _corpus
         result = collect(*args, **kwargs)
         _log_launch(result, origin)
+        _corpus = ""
         return result
 
     logged_collect._logged = True
-    module._collect = logged_collect
+    module._collect, module._pickle_payload = logged_collect, noted_payload
+
+
+def corpus_file(args, kwargs) -> str:
+    """The file of tests/corpus/ a launch runs, relative to it ("watch/20_.../broken.py"): a
+    script path among its arguments (watch), or the file defining the model it builds (the
+    doctor's ModelSource: a class or a factory); "" for any other launch."""
+    for value in [*args, *kwargs.values()]:
+        obj = getattr(value, "obj", value)
+        files = [os.path.abspath(value)] if isinstance(value, str) else []
+        code = getattr(obj, "__code__", None)
+        files += [code.co_filename] if code else []
+        if isinstance(obj, type):
+            files += [f.__code__.co_filename for f in vars(obj).values() if hasattr(f, "__code__")]
+        hit = next((f for f in files if f.startswith(CORPUS) and f.endswith(".py")), None)
+        if hit:
+            return hit[len(CORPUS):]
+    return ""
 
 
 def _wrap_registry(module, runs: str, start_env: dict, start_path: list) -> None:

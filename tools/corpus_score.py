@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Callable
 
-ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "corpus")
+ROOT = os.path.realpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "corpus"))
 RUNNERS: dict[str, Callable] = {}
 LOUD = ("error", "warning")
 
@@ -96,11 +96,9 @@ def run_doctor(case: Case, variant: str) -> list:
     return doctor_report(os.path.join(case.folder, f"{variant}.py")).findings
 
 
-@lru_cache(maxsize=None)
-def doctor_report(script: str):
-    """The doctor's Report on a corpus file (its case's target, input and options), once per
-    process: the corpus test and the checks' own tests share the runs."""
-    from ddp_lab.doctor import doctor
+def doctor_call(script: str) -> tuple:
+    """(target, example input, keyword options): the doctor's call on a corpus file, from its
+    case.toml (target, input, parallelize, [options]), the file loaded as its CLI loads one."""
     from ddp_lab.doctor.loader import eval_input, load_file
 
     folder = os.path.dirname(os.path.abspath(script))
@@ -112,8 +110,22 @@ def doctor_report(script: str):
         options["parallelize"] = getattr(module, spec["parallelize"])
     if isinstance(options.get("tp_plan"), str) and options["tp_plan"] != "traced":
         options["tp_plan"] = eval_input(options["tp_plan"], vars(module), "tp_plan")
-    example = eval_input(spec["input"], vars(module))
-    return doctor(getattr(module, spec["target"]), example, **options)
+    return getattr(module, spec["target"]), eval_input(spec["input"], vars(module)), options
+
+
+def doctor_report(script: str):
+    """The doctor's Report on a corpus file (its case's target, input and options), once per
+    process: the corpus test, the checks' own tests and the README's commands share the runs
+    (one per file, however its path is spelled)."""
+    return _doctor_report(os.path.realpath(script))
+
+
+@lru_cache(maxsize=None)
+def _doctor_report(script: str):
+    from ddp_lab.doctor import doctor
+
+    target, example, options = doctor_call(script)
+    return doctor(target, example, **options)
 
 
 register("doctor", run_doctor)
@@ -125,17 +137,27 @@ def run_watch(case: Case, variant: str) -> list:
     return watch_report(os.path.join(case.folder, f"{variant}.py")).findings
 
 
-@lru_cache(maxsize=None)
+def watch_call(script: str) -> dict:
+    """watch_script's arguments for a corpus script, from its case.toml: args, nproc, timeout."""
+    with open(os.path.join(os.path.dirname(os.path.abspath(script)), "case.toml"), "rb") as f:
+        spec = tomllib.load(f)
+    return {"args": list(spec.get("args", [])), "nproc": spec.get("nproc", 2),
+            "timeout": spec.get("timeout", 60)}
+
+
 def watch_report(script: str):
     """The Report of watch on a corpus script (its case's args, nproc and timeout), once per
-    process: the corpus test and the checks' own tests (tests/doctor/checks) share the runs."""
+    process: the corpus test, the checks' own tests (tests/doctor/checks) and the README's
+    commands share the runs (one per file, however its path is spelled)."""
+    return _watch_report(os.path.realpath(script))
+
+
+@lru_cache(maxsize=None)
+def _watch_report(script: str):
     from ddp_lab.doctor.watch.script_mode import watch_script
 
-    folder = os.path.dirname(os.path.abspath(script))
-    with open(os.path.join(folder, "case.toml"), "rb") as f:
-        spec = tomllib.load(f)
-    return watch_script(script, spec.get("args", []), nproc=spec.get("nproc", 2),
-                        timeout=spec.get("timeout", 60))
+    call = watch_call(script)
+    return watch_script(script, call["args"], nproc=call["nproc"], timeout=call["timeout"])
 
 
 register("watch", run_watch)
