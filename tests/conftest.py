@@ -133,16 +133,34 @@ def pytest_unconfigure(config):
         _suite = None
 
 
-_SCENARIO_RUNS: dict = {}
+_SCENARIO_RUNS: dict = {}  # (scenario key, variant) -> (RunResult, leftovers, the notebook's)
+# The tests that read scenario runs: they run after the notebooks, whose runs they reuse.
+SHARED_RUN_READERS = ("tests/course/test_registry.py", "tests/lessons/")
+
+
+def _scenario_run(scenario, which: str) -> tuple:
+    key = (scenario.key, which)
+    if key not in _SCENARIO_RUNS:
+        kept = _suite.notebook_run(*key) if _suite is not None else None
+        _SCENARIO_RUNS[key] = ((kept["result"], kept["leftovers"], True) if kept
+                               else (scenario.run(which), [], False))
+    return _SCENARIO_RUNS[key]
 
 
 def scenario_run(scenario, which: str):
     """Each scenario variant runs once per test session: the registry test and the lesson tests
-    that read the same run share it (the suite has a 10-minute budget on 2 cores)."""
-    key = (scenario.key, which)
-    if key not in _SCENARIO_RUNS:
-        _SCENARIO_RUNS[key] = scenario.run(which)
-    return _SCENARIO_RUNS[key]
+    that read the same run share it (the suite has a 15-minute budget on 2 cores). Where the
+    scenario's notebook made the same launch earlier in the session (`scenario.run(which)`, no
+    argument changed, the kernel's environment as it started: tests/run_log.py keeps it), that
+    run is the one; the tests that read runs go after the notebooks (SHARED_RUN_READERS)."""
+    return _scenario_run(scenario, which)[0]
+
+
+def scenario_run_leftovers(scenario, which: str) -> list[str] | None:
+    """For a notebook's run, the processes it left behind (its kernel looked, as no_leftovers
+    looks here); None for a run made in this process, which no_leftovers checks."""
+    _, leftovers, kept = _scenario_run(scenario, which)
+    return leftovers if kept else None
 
 
 @pytest.fixture(scope="module")
@@ -217,24 +235,36 @@ def notebook_paths() -> list[str]:
 
 
 def pytest_collection_modifyitems(session, config, items):
-    """The portable-kernel check goes last; when the notebooks run in this session too, its
+    """The tests that read scenario runs go after the notebooks (they reuse the notebooks'
+    runs), the portable-kernel check last; when the notebooks run in this session too, its
     child pass starts now, in the background."""
     global _kernel_pass
+    if os.environ.get("DDP_LAB_KERNEL_PASS") == "child":
+        return
+    notebooks = [i for i, it in enumerate(items) if it.nodeid.startswith("notebooks/")]
+    if notebooks:
+        before, after = items[:notebooks[-1] + 1], items[notebooks[-1] + 1:]
+        readers = [it for it in before if it.nodeid.startswith(SHARED_RUN_READERS)]
+        items[:] = [it for it in before if not it.nodeid.startswith(SHARED_RUN_READERS)] + readers + after
     last = [it for it in items if it.nodeid.endswith(_KERNEL_PASS_TEST)]
-    if not last or os.environ.get("DDP_LAB_KERNEL_PASS") == "child":
+    if not last:
         return
     items[:] = [it for it in items if it not in last] + last
-    if any(it.nodeid.startswith("notebooks/") for it in items):
+    if notebooks:
         _kernel_pass = KernelPass(notebook_paths())
 
 
 def pytest_sessionfinish(session, exitstatus):
+    budget = session.config.pluginmanager.get_plugin("suite_budget")
     if _kernel_pass is not None:
         _kernel_pass.stop()
-        budget = session.config.pluginmanager.get_plugin("suite_budget")
         if budget is not None and _kernel_pass.seconds is not None:
             budget.apart["portable-kernel pass (in the background, wall)"] = (
                 f"{_kernel_pass.seconds:.0f} s: {_kernel_pass.summary}")
+    if budget is not None and _SCENARIO_RUNS:
+        shared = sum(1 for _, _, kept in _SCENARIO_RUNS.values() if kept)
+        budget.apart["scenario variants the tests read"] = (
+            f"{len(_SCENARIO_RUNS)}: {shared} a notebook's run, {len(_SCENARIO_RUNS) - shared} launched here")
 
 
 @pytest.fixture
