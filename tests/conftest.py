@@ -177,21 +177,24 @@ def runs(request):
     return get
 
 
-# --- The notebooks once more, under CPU kernels other than this machine's ---------------------
+# --- The notebooks' kernel-dependent cells once more, under the portable CPU kernels ------------
 # PyTorch picks CPU kernels by instruction set, so a printed figure can differ in its last digit
-# on a learner's laptop. Every notebook runs a second time under strict nbval with
-# ATEN_CPU_CAPABILITY=default (the portable kernels), so such a figure fails here first. When the
-# session runs the notebooks too, that second pass starts in the background as soon as collection
-# ends (the notebooks mostly wait on ranks, so the two passes share the 2 cores well) and
+# on a learner's laptop. The cells whose outputs can depend on them (tests/kernel_cells.json,
+# measured by tools/kernel_cells.py under default, avx2 and this CPU's kernels) run a second
+# time under strict nbval with ATEN_CPU_CAPABILITY=default (the portable kernels), with the cells
+# they need (tests/portable_cells.py), so such a figure fails here first. When the session runs
+# the notebooks too, that second pass starts in the background as soon as collection ends and
 # `test_notebooks_portable.py` waits for it at the very end; alone, that test runs it in the
 # foreground.
 KERNEL_PASS_ENV = {"ATEN_CPU_CAPABILITY": "default"}
 _KERNEL_PASS_TEST = "test_notebooks_portable.py::test_notebooks_pass_strict_nbval_with_portable_cpu_kernels"
+# After every other test, in this order: the corpus-runs check reads the whole session's launches
+LAST = ("test_corpus_runs_once.py::test_no_corpus_script_is_launched_twice", _KERNEL_PASS_TEST)
 _kernel_pass = None
 
 
 class KernelPass:
-    """A strict nbval run of the notebooks in a child pytest, under KERNEL_PASS_ENV."""
+    """A strict nbval run of the notebooks' listed cells in a child pytest, under KERNEL_PASS_ENV."""
 
     def __init__(self, notebooks: list[str]):
         import subprocess
@@ -201,9 +204,11 @@ class KernelPass:
         self.log = tempfile.TemporaryFile(mode="w+")
         env = dict(os.environ, **KERNEL_PASS_ENV, DDP_LAB_KERNEL_PASS="child",
                    **{run_log.ORIGIN_VAR: "portable"})
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "tests"), env.get("PYTHONPATH")]))
         self.started, self.seconds, self.summary = time.time(), None, ""
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", *notebooks],
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", "-p", "portable_cells",
+             *notebooks],
             cwd=REPO, env=env,
             stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=True)
@@ -236,8 +241,8 @@ def notebook_paths() -> list[str]:
 
 def pytest_collection_modifyitems(session, config, items):
     """The tests that read scenario runs go after the notebooks (they reuse the notebooks'
-    runs), the portable-kernel check last; when the notebooks run in this session too, its
-    child pass starts now, in the background."""
+    runs), the corpus-runs check and the portable-kernel check last (LAST); when the notebooks
+    run in this session too, the portable pass starts now, in the background."""
     global _kernel_pass
     if os.environ.get("DDP_LAB_KERNEL_PASS") == "child":
         return
@@ -246,11 +251,10 @@ def pytest_collection_modifyitems(session, config, items):
         before, after = items[:notebooks[-1] + 1], items[notebooks[-1] + 1:]
         readers = [it for it in before if it.nodeid.startswith(SHARED_RUN_READERS)]
         items[:] = [it for it in before if not it.nodeid.startswith(SHARED_RUN_READERS)] + readers + after
-    last = [it for it in items if it.nodeid.endswith(_KERNEL_PASS_TEST)]
-    if not last:
-        return
-    items[:] = [it for it in items if it not in last] + last
-    if notebooks:
+    last = sorted((it for it in items if it.nodeid.endswith(LAST)),
+                  key=lambda it: [it.nodeid.endswith(t) for t in LAST].index(True))
+    items[:] = [it for it in items if not it.nodeid.endswith(LAST)] + last
+    if notebooks and any(it.nodeid.endswith(_KERNEL_PASS_TEST) for it in last):
         _kernel_pass = KernelPass(notebook_paths())
 
 
