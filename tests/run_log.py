@@ -15,7 +15,10 @@ notebook's namespace and outputs are as without it.
 """
 from __future__ import annotations
 
+import atexit
 import importlib.abc
+import importlib.util
+import inspect
 import json
 import os
 import shutil
@@ -102,7 +105,8 @@ def _wrap_registry(module, runs: str, start_env: dict, start_path: list) -> None
         before = descendants(os.getpid())
         result = run(self, which, **kwargs)
         if not kwargs and dict(os.environ) == start_env and _path() == start_path:
-            _keep(runs, self.key, which, result, before)
+            _store(runs, f"{self.key.replace('/', '__')}__{which}",
+                   {"result": result, "leftovers": _leftovers(before)})
         return result
 
     kept_run._kept = True
@@ -115,18 +119,18 @@ def _path() -> list[str]:
     return [p for p in sys.path if not p.endswith(startup)]
 
 
-def _keep(runs: str, key: str, which: str, result, before: set) -> None:
+def _store(runs: str, name: str, record: dict) -> None:
+    """Keep `record` as `name` unless a run is kept there already (a notebook may run a variant
+    twice: the first run is kept); one that cannot be pickled is not kept (its test runs it)."""
     import cloudpickle
 
-    path = os.path.join(runs, f"{key.replace('/', '__')}__{which}.pkl")
+    path = os.path.join(runs, name + ".pkl")
     if os.path.exists(path):
-        return  # a notebook may run a variant twice: the first run is kept
-    record = {"t": time.time(), "pid": os.getpid(), "result": result,
-              "leftovers": _leftovers(before)}
+        return
     try:
-        data = cloudpickle.dumps(record)
+        data = cloudpickle.dumps(dict(record, t=time.time(), pid=os.getpid()))
     except Exception:
-        return  # the registry test runs it itself
+        return
     tmp = path + f".{os.getpid()}.tmp"
     with open(tmp, "wb") as f:
         f.write(data)
@@ -155,53 +159,98 @@ def _cmdline(pid: int) -> str:
         return "gone"
 
 
-class _Patching(importlib.abc.MetaPathFinder):
-    """Finds the modules named in `patches` as the other finders do, and patches each once it
-    has run (its loader otherwise unchanged: source, file name and resources as before)."""
+def _wrap_watch(module, runs: str) -> None:
+    """Keep watch's report on a corpus script run with its case's arguments (as the corpus test
+    runs it: tools/corpus_score.py, watch_call), for the corpus tests to read."""
+    watch_script = module.watch_script
+    if getattr(watch_script, "_kept", False):
+        return
+    signature = inspect.signature(watch_script)
 
-    def __init__(self, patches: dict):
-        self.patches = patches
+    def kept_watch(*args, **kwargs):
+        report = watch_script(*args, **kwargs)
+        call = signature.bind(*args, **kwargs)
+        call.apply_defaults()
+        given = dict(call.arguments)
+        corpus = corpus_file([given["path"]], {})
+        if corpus and given["checks"] is None and _corpus_call(given["path"]) == {
+                "args": list(given["args"]), "nproc": given["nproc"], "timeout": given["timeout"]}:
+            _store(runs, "corpus__" + corpus.replace(os.sep, "__"), {"report": report})
+        return report
+
+    kept_watch._kept = True
+    module.watch_script = kept_watch
+
+
+def _corpus_call(path: str) -> dict:
+    spec = importlib.util.spec_from_file_location(
+        "corpus_score", os.path.join(os.path.dirname(os.path.dirname(HOOK)), "tools", "corpus_score.py"))
+    module = sys.modules.get(spec.name)
+    if module is None:
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+    return module.watch_call(path)
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Finds the package `name` as the other finders do, and calls `then()` once it has run (its
+    loader otherwise unchanged: source, file name and resources as before)."""
+
+    def __init__(self, name: str, then):
+        self.name, self.then = name, then
 
     def find_spec(self, name, path, target=None):
-        if name not in self.patches:
+        if name != self.name:
             return None
         for finder in sys.meta_path:
             if finder is self or not hasattr(finder, "find_spec"):
                 continue
             spec = finder.find_spec(name, path, target)
             if spec is not None and spec.loader is not None:
-                spec.loader = _PatchingLoader(spec.loader, self.patches[name])
+                spec.loader = _ThenLoader(spec.loader, self.then)
                 return spec
         return None
 
 
-class _PatchingLoader(importlib.abc.Loader):
-    def __init__(self, loader, patch):
-        self._loader, self._patch = loader, patch
+class _ThenLoader(importlib.abc.Loader):
+    def __init__(self, loader, then):
+        self._loader, self._then = loader, then
 
     def create_module(self, spec):
         return self._loader.create_module(spec)
 
     def exec_module(self, module):
         self._loader.exec_module(module)
-        self._patch(module)
+        self._then()
 
     def __getattr__(self, name):  # get_source, get_filename, get_resource_reader, ...
         return getattr(self._loader, name)
 
 
+PACKAGE = "ddp_lab"  # imported first whichever module of it is: the rest are imported by statement
+
+
 def install(origin: str, runs: str | None = None) -> None:
-    """Wrap the launcher (and with `runs`, the registry) now if imported, else when imported."""
-    patches = {"ddp_lab.launching.launcher": lambda m: _wrap_launcher(m, origin)}
-    if runs:
-        start = dict(os.environ), _path()
-        patches["ddp_lab.course.registry"] = lambda m: _wrap_registry(m, runs, *start)
-    for name, patch in list(patches.items()):
-        if name in sys.modules:
-            patch(sys.modules[name])
-            del patches[name]
-    if patches:
-        sys.meta_path.insert(0, _Patching(patches))
+    """Wrap the launcher (and with `runs`, the registry's scenario runs and watch's script mode)
+    once the package is imported: now if it is."""
+    start = dict(os.environ), _path()
+
+    def wrap():
+        from ddp_lab.launching import launcher
+
+        _wrap_launcher(launcher, origin)
+        if runs:
+            from ddp_lab.course import registry
+            from ddp_lab.doctor.watch import script_mode
+
+            _wrap_registry(registry, runs, *start)
+            _wrap_watch(script_mode, runs)
+
+    if PACKAGE in sys.modules:
+        wrap()
+    else:
+        sys.meta_path.insert(0, _AfterImport(PACKAGE, wrap))
 
 
 # --- In this process: the session's log, folder and kernels' start-up file ----------------------
@@ -209,6 +258,9 @@ def install(origin: str, runs: str | None = None) -> None:
 class Session:
     def __init__(self):
         self.folder = tempfile.mkdtemp(prefix="ddp-lab-suite-")
+        # removed when the process ends, after the exit handlers registered later run (LIFO):
+        # an IPython shell made by a test keeps its history here until then
+        atexit.register(shutil.rmtree, self.folder, ignore_errors=True)
         self.log = os.path.join(self.folder, "launches.jsonl")
         self.runs = os.path.join(self.folder, "runs")
         os.mkdir(self.runs)
@@ -230,23 +282,32 @@ class Session:
         except OSError:
             return []
 
-    def notebook_run(self, key: str, which: str) -> dict | None:
-        """The notebook's run of `key` `which`, kept by its kernel: {"result", "leftovers", "t"}."""
+    def _kept(self, name: str) -> dict | None:
         import cloudpickle
 
-        path = os.path.join(self.runs, f"{key.replace('/', '__')}__{which}.pkl")
+        path = os.path.join(self.runs, name + ".pkl")
         if not os.path.exists(path):
             return None
         with open(path, "rb") as f:
             return cloudpickle.loads(f.read())
 
+    def notebook_run(self, key: str, which: str) -> dict | None:
+        """The notebook's run of `key` `which`, kept by its kernel: {"result", "leftovers", "t"}."""
+        return self._kept(f"{key.replace('/', '__')}__{which}")
+
+    def notebook_watch_report(self, script: str):
+        """watch's report on a corpus script that a notebook ran with its case's arguments."""
+        corpus = corpus_file([script], {})
+        kept = self._kept("corpus__" + corpus.replace(os.sep, "__")) if corpus else None
+        return kept["report"] if kept else None
+
     def close(self) -> None:
+        """The variables as they were (the folder goes when the process ends: __init__)."""
         for k, v in self.saved.items():
             if v is None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-        shutil.rmtree(self.folder, ignore_errors=True)
 
 
 if __name__ == "ddp_lab_suite_hook":  # a kernel's start-up

@@ -8,11 +8,13 @@ background beside them, so its wall time is shown apart. Launches are `ddp_lab.l
 counted by tests/run_log.py in this process and in the kernels (a kernel's launch belongs to the
 notebook cell or test running when it ended). Then what was checked: scenario variants,
 notebooks, exercises, corpus cases; the same counts before and after a change say nothing was
-dropped.
+dropped. With DDP_LAB_BUDGET_OUT=FILE the table is also written to FILE, and every launch (JSON
+lines, with the test or cell it belongs to) to FILE.launches.jsonl.
 """
 from __future__ import annotations
 
 import bisect
+import json
 import os
 import re
 import time
@@ -133,9 +135,12 @@ class Budget:
         for line in lines:
             terminalreporter.write_line(line)
         path = os.environ.get("DDP_LAB_BUDGET_OUT")
-        if path:  # the same table, for docs/measured.md
+        if path:  # the same table, for docs/measured.md, and every launch (JSON lines) beside it
             with open(path, "w") as f:
                 f.write("\n".join(lines) + "\n")
+            with open(path + ".launches.jsonl", "w") as f:
+                f.writelines(json.dumps(dict(x, owner=self.owner(x))) + "\n"
+                             for x in self.session.launches())
 
 
 def _outcomes(got: Counter) -> str:

@@ -194,9 +194,8 @@ def _share_the_corpus_run(argv: list[str], monkeypatch) -> None:
 
         monkeypatch.setattr(script_mode, "watch_script", shared)
         return
-    import sys
+    import ddp_lab.doctor as package  # the package: its attribute doctor is what the CLI calls
 
-    package = sys.modules["ddp_lab.doctor"]
     signature = inspect.signature(package.doctor)
     report = corpus_score().doctor_report(script)
     target, example, options = corpus_score().doctor_call(script)
