@@ -148,21 +148,40 @@ SHARED_RUN_READERS = ("tests/course/test_registry.py", "tests/lessons/", "tests/
                       "tests/doctor/checks/", "tests/test_readme_commands.py")
 
 
+_PREPARED: set = set()
+
+
 def _scenario_run(scenario, which: str) -> tuple:
     key = (scenario.key, which)
     if key not in _SCENARIO_RUNS:
+        _prepare(scenario.lesson)
         kept = _suite.notebook_run(*key) if _suite is not None else None
+        if kept and any(os.environ.get(k) != v for k, v in kept["env"].items()):
+            kept = None  # the notebook had set variables this process has not: another launch
         _SCENARIO_RUNS[key] = ((kept["result"], kept["leftovers"], True) if kept
                                else (scenario.run(which), [], False))
     return _SCENARIO_RUNS[key]
+
+
+def _prepare(lesson_id: str) -> None:
+    """The lesson's `prepare()`, once, before its first scenario runs here: as the tour and the
+    notebooks run them (lesson 12 names DeepSpeed's accelerator, 15 and 16 warm the fork server)."""
+    if lesson_id not in _PREPARED:
+        from ddp_lab.course.registry import get_lesson
+
+        _PREPARED.add(lesson_id)
+        lesson = get_lesson(lesson_id)
+        if lesson.prepare is not None:
+            lesson.prepare()
 
 
 def scenario_run(scenario, which: str):
     """Each scenario variant runs once per test session: the registry test and the lesson tests
     that read the same run share it (the suite has a 15-minute budget on 2 cores). Where the
     scenario's notebook made the same launch earlier in the session (`scenario.run(which)`, no
-    argument changed, the kernel's environment as it started: tests/run_log.py keeps it), that
-    run is the one; the tests that read runs go after the notebooks (SHARED_RUN_READERS)."""
+    argument changed, and any variable the notebook set has the same value here, so the ranks
+    get the same environment: tests/run_log.py keeps it), that run is the one; the tests that
+    read runs go after the notebooks (SHARED_RUN_READERS)."""
     return _scenario_run(scenario, which)[0]
 
 

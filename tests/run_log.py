@@ -4,10 +4,12 @@ notebooks' kernels (strict nbval's, the portable pass's, the exercises' kernel) 
 Each `ddp_lab.launch` appends one line to the session's launch log (JSON: when, which process,
 the run's label, its ranks and seconds): tests/suite_budget.py counts them per folder and per
 notebook. In a kernel of the session's own strict nbval pass, a scenario run exactly as the
-registry declares it (`scenario.run("broken")`: no argument changed, and the kernel's environment
-as it started, so the ranks get the same one) is also kept, with the processes it left behind,
-for tests/course/test_registry.py and the lesson tests (`conftest.scenario_run`): they check that
-run instead of launching the same one again.
+registry declares it (`scenario.run("broken")`: no argument changed) is also kept, with the
+processes it left behind and the variables the notebook had changed, for
+tests/course/test_registry.py and the lesson tests (`conftest.scenario_run`): where their own
+environment has those values (the ranks would get the same), they check that run instead of
+launching the same one again. So is watch's report on a corpus script run with its case's
+arguments (notebook 11), for the corpus tests.
 
 A kernel loads this file at start-up from the session's IPython folder (IPYTHONDIR, set by
 `session_start`; kernels inherit it): the modules are wrapped when they are first imported, so a
@@ -92,8 +94,10 @@ def corpus_file(args, kwargs) -> str:
 
 
 def _wrap_registry(module, runs: str, start_env: dict, start_path: list) -> None:
-    """Keep `Scenario.run(which)` made with no other argument, the environment and sys.path (the
-    ranks get both) as they were when the process started."""
+    """Keep `Scenario.run(which)` made with no other argument and sys.path as it was when the
+    process started (the ranks get both), with the variables the notebook set or changed since
+    (`env`: lesson 12 names DeepSpeed's accelerator): the test that reads the run takes it only
+    where its own environment has the same values, the launch it would make."""
     Scenario = module.Scenario
     run = Scenario.run
     if getattr(run, "_kept", False):
@@ -104,9 +108,11 @@ def _wrap_registry(module, runs: str, start_env: dict, start_path: list) -> None
 
         before = descendants(os.getpid())
         result = run(self, which, **kwargs)
-        if not kwargs and dict(os.environ) == start_env and _path() == start_path:
+        if not kwargs and _path() == start_path:
+            env = {k: os.environ.get(k) for k in set(start_env) | set(os.environ)
+                   if os.environ.get(k) != start_env.get(k)}
             _store(runs, f"{self.key.replace('/', '__')}__{which}",
-                   {"result": result, "leftovers": _leftovers(before)})
+                   {"result": result, "leftovers": _leftovers(before), "env": env})
         return result
 
     kept_run._kept = True

@@ -14,7 +14,7 @@ def test_scenario_is_as_declared(scenario, which, no_leftovers):
     """The variant's run is as declared and leaves no process behind, killed ranks included.
 
     Where the lesson's notebook makes this very launch (`scenario.run(which)`, no argument
-    changed, its kernel's environment as it started), the run checked here is the notebook's,
+    changed, the ranks' environment the same), the run checked here is the notebook's,
     kept by its kernel in this session (conftest.scenario_run, tests/run_log.py): the notebook's
     strict nbval check stays, it is what a learner sees, and running the variant once more here
     would check the same launch twice (issue 46). Its kernel looked for processes left behind as
