@@ -45,7 +45,7 @@ def under_torchrun(name: str, steps: int) -> float:
 
 
 def under_watch(name: str, steps: int) -> float:
-    from ddp_lab.doctor.watch.script_mode import watch_script
+    from ddp_lab.doctor.watch.script import watch_script
 
     report = watch_script(str(HERE / name), args_for(name, steps), timeout=600)
     if report.status != "ok":

@@ -8,7 +8,7 @@ import sys
 
 from .course import cli as course
 from .doctor import cli as doctor
-from .doctor.watch import cli as watch
+from .doctor.watch import command as watch
 from .kit import cli as kit
 from .launching.rankinfo import in_torchrun
 
@@ -38,6 +38,7 @@ def main(argv=None) -> int:
 
 def _main(argv) -> int:
     args = build_parser().parse_args(argv)
+    from .instruments.deepspeed_ops import OpBuildError
     from .launching.results import LaunchInterrupted
 
     try:
@@ -48,6 +49,9 @@ def _main(argv) -> int:
     except LaunchInterrupted as stop:  # Ctrl-C during a launch: what the ranks did, one line
         print("\n".join(stop._render_traceback_()), file=sys.stderr)
         return 130
+    except OpBuildError as exc:  # this environment cannot run it yet: the command that fixes it
+        print(f"ddp-lab: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

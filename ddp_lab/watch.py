@@ -10,7 +10,7 @@ import sys
 import types
 
 from .doctor.watch import WatchInputError, watch
-from .doctor.watch.script_mode import WatchScriptError, watch_script
+from .doctor.watch.script import WatchScriptError, watch_script
 
 __all__ = ["watch", "watch_script", "WatchInputError", "WatchScriptError"]
 
@@ -27,7 +27,7 @@ def main(argv=None) -> int:
     from .launching.rankinfo import in_torchrun
 
     if in_torchrun():
-        from .doctor.watch.script_mode import torchrun_main
+        from .doctor.watch.torchrun import torchrun_main
         return torchrun_main(argv)
     from .cli import main as cli_main
     return cli_main(["watch", *(sys.argv[1:] if argv is None else argv)])

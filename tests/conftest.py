@@ -29,8 +29,8 @@ def corpus_score():
     return module
 
 
-def _notebook_watch_report(script: str):
-    return _suite.notebook_watch_report(script) if _suite is not None else None
+def _notebook_watch_report(script: str, args, nproc: int, timeout: float):
+    return _suite.notebook_watch_report(script, args, nproc, timeout) if _suite is not None else None
 
 
 def corpus_report(path):

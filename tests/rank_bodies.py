@@ -74,6 +74,12 @@ def read_env(*names):
     return {n: os.environ.get(n) for n in names}
 
 
+def temporary_folder():
+    import tempfile
+
+    return tempfile.gettempdir()
+
+
 def debug_level():
     return str(dist.get_debug_level())
 
@@ -130,3 +136,35 @@ def reduce_four_and_three():
     t = torch.ones(4 - dist.get_rank())
     dist.all_reduce(t)
     return dist.get_rank()
+
+
+def private_torch_names() -> dict:
+    """What the course reads through torch's private names, read on this torch in a rank (a
+    process group of its own): DDP's list of the module's parameters made at wrapping, and the
+    default group's store. None where the name is missing."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    model = torch.nn.Linear(2, 2)
+    ddp = DDP(model)
+    listed = getattr(ddp, "_module_parameters", None)
+    get_store = getattr(dist.distributed_c10d, "_get_default_store", None)
+    store = get_store() if get_store else None
+    if store is not None:
+        store.set("private-names", "1")
+    return {"_module_parameters": None if listed is None else
+            [id(p) for p in listed] == [id(p) for p in model.parameters()],
+            "_get_default_store": None if store is None else store.get("private-names") == b"1"}
+
+
+def make_a_folder_then_hang():
+    """A folder of the rank's own in the launch's scratch folder, a file in it, then a hang: the
+    launcher kills the rank, which never removes it."""
+    import tempfile
+
+    from ddp_lab.launching.rankinfo import scratch_dir
+
+    folder = tempfile.mkdtemp(prefix="ddp-lab-body-", dir=scratch_dir())
+    open(os.path.join(folder, "data"), "w").close()
+    print(folder, flush=True)
+    while True:
+        time.sleep(0.05)

@@ -8,8 +8,8 @@ registry declares it (`scenario.run("broken")`: no argument changed) is also kep
 processes it left behind and the variables the notebook had changed, for
 tests/course/test_registry.py and the lesson tests (`conftest.scenario_run`): where their own
 environment has those values (the ranks would get the same), they check that run instead of
-launching the same one again. So is watch's report on a corpus script run with its case's
-arguments (notebook 11), for the corpus tests.
+launching the same one again. So is watch's report on a corpus script (notebook 11), under the
+call that made it (file, args, nproc, timeout), for the corpus tests.
 
 A kernel loads this file at start-up from the session's IPython folder (IPYTHONDIR, set by
 `session_start`; kernels inherit it): the modules are wrapped when they are first imported, so a
@@ -18,8 +18,8 @@ notebook's namespace and outputs are as without it.
 from __future__ import annotations
 
 import atexit
+import hashlib
 import importlib.abc
-import importlib.util
 import inspect
 import json
 import os
@@ -36,6 +36,7 @@ CORPUS = os.path.join(os.path.dirname(HOOK), "corpus") + os.sep
 
 current_test = ""  # this process's running test (the plugin sets it): the launch's owner
 _corpus = ""  # the corpus file the launch being made runs (watch's script, the doctor's model)
+_argv: list = []  # and the script's arguments (watch: a control script runs under several)
 
 
 # --- In any process: wrap the launcher (and, in a kernel, the registry) when imported ----------
@@ -46,7 +47,7 @@ def _log_launch(result, origin: str) -> None:
         return
     line = json.dumps({"t": time.time(), "pid": os.getpid(), "origin": origin,
                        "test": current_test, "label": getattr(result, "label", ""),
-                       "corpus": _corpus,
+                       "corpus": _corpus, "argv": _argv,
                        "ranks": len(getattr(result, "ranks", [])),
                        "seconds": round(getattr(result, "seconds", 0.0), 3)})
     with open(path, "a") as f:  # one short line, appended: whole even with several writers
@@ -61,15 +62,17 @@ def _wrap_launcher(module, origin: str) -> None:
         return
 
     def noted_payload(fn, args, kwargs):
-        global _corpus
+        global _corpus, _argv
         _corpus = corpus_file(args, kwargs)
+        _argv = next((list(v) for v in args if isinstance(v, (list, tuple))
+                      and all(isinstance(x, str) for x in v)), []) if _corpus else []
         return payload(fn, args, kwargs)
 
     def logged_collect(*args, **kwargs):
-        global _corpus
+        global _corpus, _argv
         result = collect(*args, **kwargs)
         _log_launch(result, origin)
-        _corpus = ""
+        _corpus, _argv = "", []
         return result
 
     logged_collect._logged = True
@@ -166,8 +169,11 @@ def _cmdline(pid: int) -> str:
 
 
 def _wrap_watch(module, runs: str) -> None:
-    """Keep watch's report on a corpus script run with its case's arguments (as the corpus test
-    runs it: tools/corpus_score.py, watch_call), for the corpus tests to read."""
+    """Keep watch's report on a corpus script run with every check and the default first-step
+    allowance (the call tools/corpus_score.py's watch_run makes), keyed by the call (file, args,
+    nproc, timeout), for the corpus tests to read. The names bound to watch_script in the
+    package's modules already imported (`from .script import watch_script`: ddp_lab.watch(),
+    the CLI) are rebound too; a module imported later takes the wrapped one."""
     watch_script = module.watch_script
     if getattr(watch_script, "_kept", False):
         return
@@ -179,24 +185,21 @@ def _wrap_watch(module, runs: str) -> None:
         call.apply_defaults()
         given = dict(call.arguments)
         corpus = corpus_file([given["path"]], {})
-        if corpus and given["checks"] is None and _corpus_call(given["path"]) == {
-                "args": list(given["args"]), "nproc": given["nproc"], "timeout": given["timeout"]}:
-            _store(runs, "corpus__" + corpus.replace(os.sep, "__"), {"report": report})
+        if corpus and given["checks"] is None and given["first_step_timeout"] is None:
+            _store(runs, watch_key(corpus, given["args"], given["nproc"], given["timeout"]),
+                   {"report": report})
         return report
 
     kept_watch._kept = True
-    module.watch_script = kept_watch
+    for name, loaded in list(sys.modules.items()):
+        if name.startswith(PACKAGE) and getattr(loaded, "watch_script", None) is watch_script:
+            loaded.watch_script = kept_watch
 
 
-def _corpus_call(path: str) -> dict:
-    spec = importlib.util.spec_from_file_location(
-        "corpus_score", os.path.join(os.path.dirname(os.path.dirname(HOOK)), "tools", "corpus_score.py"))
-    module = sys.modules.get(spec.name)
-    if module is None:
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module
-        spec.loader.exec_module(module)
-    return module.watch_call(path)
+def watch_key(corpus: str, args, nproc: int, timeout: float) -> str:
+    """The name a corpus script's watch report is kept under: its file and the call's arguments."""
+    call = json.dumps([list(args), nproc, float(timeout)])
+    return "corpus__" + corpus.replace(os.sep, "__") + "__" + hashlib.sha1(call.encode()).hexdigest()[:12]
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
@@ -248,10 +251,10 @@ def install(origin: str, runs: str | None = None) -> None:
         _wrap_launcher(launcher, origin)
         if runs:
             from ddp_lab.course import registry
-            from ddp_lab.doctor.watch import script_mode
+            from ddp_lab.doctor.watch import script
 
             _wrap_registry(registry, runs, *start)
-            _wrap_watch(script_mode, runs)
+            _wrap_watch(script, runs)
 
     if PACKAGE in sys.modules:
         wrap()
@@ -301,10 +304,10 @@ class Session:
         """The notebook's run of `key` `which`, kept by its kernel: {"result", "leftovers", "t"}."""
         return self._kept(f"{key.replace('/', '__')}__{which}")
 
-    def notebook_watch_report(self, script: str):
-        """watch's report on a corpus script that a notebook ran with its case's arguments."""
+    def notebook_watch_report(self, script: str, args, nproc: int, timeout: float):
+        """watch's report on a corpus script that a notebook ran with these arguments."""
         corpus = corpus_file([script], {})
-        kept = self._kept("corpus__" + corpus.replace(os.sep, "__")) if corpus else None
+        kept = self._kept(watch_key(corpus, args, nproc, timeout)) if corpus else None
         return kept["report"] if kept else None
 
     def close(self) -> None:

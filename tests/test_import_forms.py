@@ -8,15 +8,15 @@ import sys
 import pytest
 
 import ddp_lab.doctor as package
-from ddp_lab.doctor import sharded
-from ddp_lab.doctor.watch import checks, rank
+from ddp_lab.doctor.exam import sharded
+from ddp_lab.doctor.watch import function_checks as checks, rank
 
 SHARDED, RANK, CHECKS, PACKAGE = sharded.__name__, rank.__name__, checks.__name__, package.__name__
 TOP = PACKAGE.split(".")[0]
 FORMS = {  # written from the modules' names (tests/test_paths_of_ours.py)
     "import as": f"import {SHARDED} as s; assert s.__name__ == {SHARDED!r}",
-    "import": f"import {SHARDED}; assert {SHARDED}.sharded_findings",
-    "from import": f"from {PACKAGE} import sharded; assert sharded.sharded_findings",
+    "import": f"import {SHARDED}; assert {SHARDED}.phase",
+    "from import": f"from {SHARDED.rpartition('.')[0]} import sharded; assert sharded.phase",
     "watch, import as": f"import {RANK} as r; assert r.__name__ == {RANK!r}",
     "watch after the top's watch": f"import {TOP}; {TOP}.watch; import {CHECKS} as c",
     "the package": f"import {PACKAGE} as d; from {TOP} import doctor; assert d is doctor and d.Report",

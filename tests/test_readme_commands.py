@@ -125,12 +125,25 @@ def test_the_doctor_examples_run_as_shown(command, shown, monkeypatch, capsys):
         assert "ERROR" not in out and "WARNING" not in out, out
 
 
+# A measured figure: a duration, a ratio, a share, a score ("33/33", "12 caught").
+FIGURE = re.compile(r"\d+(?:[.,]\d+)?\s?(?:ms|s|min|minutes|seconds|hours|×|x\b|%)(?![\w-])"
+                    r"|\b\d+/\d+\b|\b\d+ (?:caught|cases|false alarms)")
+
+
 def test_the_readme_is_a_newcomer_s_start():
-    """What it is, the two commands, the lessons, where to go next: the rest lives in docs/."""
+    """What it is, the two commands, the lessons, where to go next: the rest lives in docs/.
+    Every measured figure lives in one place, docs/, which the README links (issue 47: it
+    repeated the watch corpus's table, the cost figures and the quickstart's timings), and each
+    lesson's row of the table is one line."""
     readme = (ROOT / "README.md").read_text()
     assert len(readme.splitlines()) <= 200, len(readme.splitlines())
     for page in sorted((ROOT / "docs").glob("*.md")):
         assert f"](docs/{page.name})" in readme, f"the README does not link docs/{page.name}"
+    prose = re.sub(r"```.*?```", "", readme, flags=re.S)
+    assert FIGURE.findall(prose) == [], "a figure in the README: it belongs in docs/ (measured.md, ...)"
+    rows = re.findall(r"^\| (\d\d) \| \[[^\]]+\]\([^)]+\) \| (.+?) \|\s*$", readme, re.M)
+    assert [r for r, _ in rows] == sorted({r for r, _ in rows}) and len(rows) >= 21
+    assert [(r, len(text)) for r, text in rows if len(text) > 100] == []
 
 
 def _anchors(path) -> set[str]:
@@ -183,16 +196,17 @@ def _share_the_corpus_run(argv: list[str], monkeypatch) -> None:
     options, printed report and exit status are its own, as before."""
     script = str(ROOT / argv[1].split(":")[0])
     if argv[0] == "watch":
-        from ddp_lab.doctor.watch import script_mode
+        from ddp_lab.doctor.watch import command  # the CLI's module: its name watch_script
 
         report, call = corpus_report(script), corpus_score().watch_call(script)
 
-        def shared(path, args=(), nproc=2, timeout=script_mode.DEFAULT_TIMEOUT, checks=None, progress=None):
-            assert (os.path.abspath(path), list(args), nproc, timeout, checks) == (
-                script, call["args"], call["nproc"], call["timeout"], None), "not the corpus's call"
+        def shared(path, args=(), nproc=2, timeout=60.0, checks=None, progress=None,
+                   first_step_timeout=None, output=None):
+            assert (os.path.abspath(path), list(args), nproc, timeout, checks, first_step_timeout) == (
+                script, call["args"], call["nproc"], call["timeout"], None, None), "not the corpus's call"
             return report
 
-        monkeypatch.setattr(script_mode, "watch_script", shared)
+        monkeypatch.setattr(command, "watch_script", shared)
         return
     import ddp_lab.doctor as package  # the package: its attribute doctor is what the CLI calls
 

@@ -80,3 +80,30 @@ def test_ci_runs_the_newest_torch_after_the_pinned_suite():
     ci = (REPO / ".ci" / "run").read_text()
     check = ".venv/bin/python tools/upgrade_check.py --torch 2.14.1 --ci"
     assert check in ci and ci.index(".venv/bin/python -m pytest") < ci.index(check)
+
+
+def test_a_torch_below_the_floor_is_refused_before_anything_is_installed(tmp_path):
+    """Lesson 17's scenario 4 gives torchrun --shutdown-timeout (torch >= 2.12): the floor."""
+    out = subprocess.run([sys.executable, str(TOOL), "--torch", "2.11.0", "--venv", str(tmp_path / "v")],
+                         capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    assert "older than the course's floor, 2.12" in out.stderr and "--shutdown-timeout" in out.stderr
+    assert not (tmp_path / "v").exists()
+
+
+def test_the_floor_is_one_figure_and_lesson_17_says_it_where_it_teaches_it():
+    import tomllib
+
+    import nbformat
+
+    from ddp_lab.kit.preflight import MIN_TORCH
+
+    floor = ".".join(map(str, MIN_TORCH))
+    deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    assert f"torch>={floor}" in deps
+    nb = nbformat.read(REPO / "notebooks" / "17_start_restart_resume.ipynb", as_version=4)
+    section = next(c.source for c in nb.cells if c.source.startswith("## 4 · An elastic restart"))
+    assert "--shutdown-timeout" in section and f"torch {floor}" in section
+    import torch.distributed.run as run
+
+    assert "--shutdown-timeout" in run.get_args_parser().format_help()  # this torch has it

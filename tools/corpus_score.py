@@ -33,8 +33,9 @@ ROOT = os.path.realpath(os.path.join(os.path.dirname(os.path.abspath(__file__)),
 RUNNERS: dict[str, Callable] = {}
 LOUD = ("error", "warning")
 # Where watch's reports on corpus scripts may already exist, made elsewhere in the same session
-# with the case's own arguments: each a function (script's real path) -> Report or None. The
-# test suite adds the notebooks' (tests/conftest.py): a notebook that runs a corpus script.
+# with the same call: each a function (script's real path, args, nproc, timeout) -> Report or
+# None. The test suite adds the notebooks' (tests/conftest.py): a notebook that runs a corpus
+# script.
 MADE_ELSEWHERE: list[Callable] = []
 
 
@@ -47,7 +48,29 @@ class Case:
 
     @property
     def mechanism(self) -> str:
+        """The mechanism as the case's author named it (a blind author, in their own words)."""
         return self.spec["mechanism"]
+
+    @property
+    def check(self) -> str:
+        """The check meant for the mechanism: `check` (a blind case, assigned when it was scored),
+        else `mechanism` (a case written beside its check names the check)."""
+        return self.spec.get("check") or self.spec["mechanism"]
+
+    @property
+    def blind(self) -> bool:
+        """Written by an author who never read the checks (../shared/CORPUS.md's brief)."""
+        return bool(self.spec.get("blind"))
+
+    def codes(self) -> list[str]:
+        """The codes that catch it: the case's own `codes`, else every code of its check (none
+        while the check meant for it does not exist yet)."""
+        if "codes" in self.spec:
+            return list(self.spec["codes"])
+        from ddp_lab.doctor.checks import registry
+
+        check = registry().get(self.check)
+        return list(check.codes) if check else []
 
     def fault_line(self) -> int:
         """The line number of broken.py holding `fault` (exactly one line must)."""
@@ -87,7 +110,8 @@ def register(tool: str, runner: Callable) -> None:
 def score(case: Case) -> Score:
     run = RUNNERS[case.tool]
     broken, fixed = run(case, "broken"), run(case, "fixed")
-    hits = [f for f in broken if f.code in case.spec["codes"] and f.severity in LOUD]
+    codes = case.codes()
+    hits = [f for f in broken if f.code in codes and f.severity in LOUD]
     line = case.fault_line()
     named = any(f.where.startswith(f"broken.py:{line}:") for f in hits)
     return Score(case, bool(hits), named,
@@ -152,30 +176,37 @@ def watch_call(script: str) -> dict:
 def watch_report(script: str):
     """The Report of watch on a corpus script (its case's args, nproc and timeout), once per
     process: the corpus test, the checks' own tests (tests/doctor/checks) and the README's
-    commands share the runs (one per file, however its path is spelled)."""
-    return _watch_report(os.path.realpath(script))
+    commands share the runs."""
+    call = watch_call(script)
+    return watch_run(script, tuple(call["args"]), call["nproc"], call["timeout"])
+
+
+def watch_run(script: str, args: tuple, nproc: int, timeout: float):
+    """`ddp-lab watch --nproc-per-node NPROC --timeout T script ARGS`'s Report, once per process
+    and call: one per file however its path is spelled (its real path is the key), taken from
+    MADE_ELSEWHERE where the same call was made there."""
+    return _watch_run(os.path.realpath(script), tuple(args), nproc, timeout)
 
 
 @lru_cache(maxsize=None)
-def _watch_report(script: str):
-    from ddp_lab.doctor.watch.script_mode import watch_script
+def _watch_run(script: str, args: tuple, nproc: int, timeout: float):
+    from ddp_lab.doctor.watch.script import watch_script
 
     for source in MADE_ELSEWHERE:
-        if (report := source(script)) is not None:
+        if (report := source(script, args, nproc, timeout)) is not None:
             return report
-    call = watch_call(script)
-    return watch_script(script, call["args"], nproc=call["nproc"], timeout=call["timeout"])
+    return watch_script(script, list(args), nproc=nproc, timeout=timeout)
 
 
 register("watch", run_watch)
 
 
 def table(scores: list[Score]) -> str:
-    """Per mechanism: cases, caught, line named, false alarms; then the totals."""
+    """Per check meant for the cases: cases, caught, line named, false alarms; then the totals."""
     rows: dict[str, list[Score]] = {}
     for s in scores:
-        rows.setdefault(s.case.mechanism, []).append(s)
-    lines = ["| mechanism | cases | caught | line named | false alarms (fixed) |", "|---|---|---|---|---|"]
+        rows.setdefault(s.case.check, []).append(s)
+    lines = ["| check | cases | caught | line named | false alarms (fixed) |", "|---|---|---|---|---|"]
     for mech, group in sorted(rows.items()):
         lines.append(f"| {mech} | {len(group)} | {sum(s.caught for s in group)} | "
                      f"{sum(s.named for s in group)} | {sum(bool(s.false_alarms) for s in group)} |")
@@ -184,11 +215,85 @@ def table(scores: list[Score]) -> str:
     return "\n".join(lines)
 
 
+def tables(scores: list[Score]) -> str:
+    """The blind cases and the cases written beside their check, apart: only the first says how
+    watch fares on bugs nobody showed it."""
+    out = []
+    for blind, title in ((True, "blind (written by authors who never read the checks)"),
+                         (False, "beside (each written with the check meant for it)")):
+        group = [s for s in scores if s.case.blind == blind]
+        if group:
+            out += [f"{title}:", table(group), ""]
+    return "\n".join(out).rstrip()
+
+
+# --- the control set: correct scripts in the shape of public ones, and their upstream bugs ----
+
+@dataclass
+class ControlRun:
+    """One run of the control set (tests/corpus/control/<shape>/): correct.py (with its args or a
+    variant's) must give no error or warning; a bug_<name>.py must be caught at its fault line."""
+
+    shape: str  # the folder's name
+    label: str  # "correct", "variant <name>" or "bug <name>"
+    script: str
+    args: tuple
+    nproc: int
+    table: dict  # the case.toml table it comes from (a bug's: title, cites, fault, evidence)
+
+    @property
+    def is_bug(self) -> bool:
+        return self.label.startswith("bug ")
+
+    def fault_line(self) -> int:
+        with open(self.script) as f:
+            hits = [i for i, line in enumerate(f, 1) if self.table["fault"] in line]
+        if len(hits) != 1:
+            raise ValueError(f"{self.shape} {self.label}: fault on lines {hits}; it must name one")
+        return hits[0]
+
+
+def control_runs(only: tuple = ()) -> list[ControlRun]:
+    base = os.path.join(ROOT, "control")
+    out = []
+    for shape in sorted(os.listdir(base)):
+        toml = os.path.join(base, shape, "case.toml")
+        if not os.path.isfile(toml) or (only and not any(shape.startswith(o) for o in only)):
+            continue
+        with open(toml, "rb") as f:
+            spec = tomllib.load(f)
+        folder, nproc, args = os.path.join(base, shape), spec.get("nproc", 2), spec.get("args", [])
+        out.append(ControlRun(shape, "correct", os.path.join(folder, "correct.py"), tuple(args), nproc, spec))
+        for name, t in spec.get("variants", {}).items():
+            out.append(ControlRun(shape, f"variant {name}", os.path.join(folder, "correct.py"),
+                                  tuple(t.get("args", [])), nproc, t))
+        for name, t in spec.get("bugs", {}).items():
+            out.append(ControlRun(shape, f"bug {name}", os.path.join(folder, f"bug_{name}.py"),
+                                  tuple(t.get("args", args)), nproc, t))
+    return out
+
+
+def control_verdict(run: ControlRun) -> tuple[bool, list[str]]:
+    """(as it must be, the loud findings): a correct run quiet; a bug caught at its fault line."""
+    report = watch_run(run.script, run.args, run.nproc, CONTROL_TIMEOUT)
+    loud = [f for f in report.findings if f.severity in LOUD]
+    seen = [f"{f.severity} {f.code} {f.where}" for f in loud]
+    if not run.is_bug:
+        return not loud, seen
+    at = f"{os.path.basename(run.script)}:{run.fault_line()}:"
+    return any(f.where.startswith(at) for f in loud), seen
+
+
+CONTROL_TIMEOUT = 120
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("tool", choices=sorted(RUNNERS))
+    parser.add_argument("tool", choices=sorted(RUNNERS) + ["control"])
     parser.add_argument("only", nargs="*", help="folder name prefixes (default: every case)")
     args = parser.parse_args(argv)
+    if args.tool == "control":
+        return control_main(tuple(args.only))
     scores = []
     for case in cases(args.tool, tuple(args.only)):
         s = score(case)
@@ -198,8 +303,23 @@ def main(argv=None) -> int:
         print(f"{case.name}: {verdict}{alarms}", flush=True)
         if not s.caught or not s.named:
             print("   broken gave: " + ("; ".join(s.seen) or "nothing loud"), flush=True)
-    print(table(scores))
+    print(tables(scores))
     return 0 if all(s.caught and not s.false_alarms for s in scores) else 1
+
+
+def control_main(only: tuple) -> int:
+    good = 0
+    runs = control_runs(only)
+    for run in runs:
+        ok, seen = control_verdict(run)
+        good += ok
+        want = "caught at its line" if run.is_bug else "quiet"
+        print(f"{run.shape} {run.label}: {'as it must be' if ok else 'NOT ' + want}"
+              + ("" if ok and not run.is_bug else f" ({'; '.join(seen) or 'nothing loud'})"), flush=True)
+    quiet = [r for r in runs if not r.is_bug]
+    print(f"correct runs quiet: {sum(control_verdict(r)[0] for r in quiet)} of {len(quiet)}; "
+          f"bugs caught at their line: {good - sum(control_verdict(r)[0] for r in quiet)} of {len(runs) - len(quiet)}")
+    return 0 if good == len(runs) else 1
 
 
 if __name__ == "__main__":

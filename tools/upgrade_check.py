@@ -21,7 +21,9 @@ reported as "known nondeterministic on this build" and does not fail; any other 
 `--ci` is the part `.ci/run` runs after the pinned suite: install, build-ops, the tour in the new
 environment only (no baseline tour, no nbval: those stay in the full check, run when a torch
 release comes), and the tests that mean something only on a CUDA build (CUDA_TESTS), which must
-run there, not skip.
+run there, not skip, with the private torch names the course reads (NEW_TORCH_TESTS).
+A torch older than the course's floor (`ddp_lab.kit.preflight.MIN_TORCH`, 2.12: lesson 17's
+elastic restart needs torchrun's `--shutdown-timeout`) is refused before anything is installed.
 `--report-only` prints the report again from the last records in DIR. Exit status 0 when the
 tour is as declared (known nondeterministic variants aside) and strict nbval passes there (with
 `--ci`: and the CUDA-build tests pass).
@@ -46,7 +48,23 @@ BUCKETS = ("declaration not met", KNOWN, "a cell raised", "PyTorch's message cha
 # The tests that skip on a CPU build (the fork server and CUDA's initialisation, the op lock of
 # torch >= 2.14): on the CUDA build they must run. A skip whose reason is CPU_BUILD_SKIP fails --ci.
 CUDA_TESTS = ("tests/launching/test_cuda_init.py", "tests/instruments/test_deepspeed_ops.py")
+# Tests of the new torch whatever its build, run beside them: the private torch names the course
+# reads (issue 47), which a release may rename without a word.
+NEW_TORCH_TESTS = ("tests/test_private_torch_names.py",)
 CPU_BUILD_SKIP = "this torch is a CPU build"
+
+
+def below_floor(version: str) -> str:
+    """Why the course cannot run on torch `version` ("" when it can): older than its floor,
+    `ddp_lab.kit.preflight.MIN_TORCH` (lesson 17's scenario 4 runs torchrun with
+    `--shutdown-timeout`, an option since 2.12)."""
+    from ddp_lab.kit.preflight import MIN_TORCH, _release
+
+    if _release(version)[:2] >= MIN_TORCH:
+        return ""
+    floor = ".".join(map(str, MIN_TORCH))
+    return (f"torch {version} is older than the course's floor, {floor}: lesson 17's elastic restart "
+            f"(scenario 4) runs torchrun with --shutdown-timeout, an option since torch {floor}")
 
 
 def _run(cmd, env=None, log=None, **kw) -> subprocess.CompletedProcess:
@@ -99,8 +117,8 @@ def _steps(venv: Path, baseline_python: str, ci: bool) -> list:
              ("tour-new", [python, recorder, "tour", venv / "tour-new.json"], _env(venv)),
              ("nbval-new", [python, "-m", "pytest", "notebooks/", "-q", "-p", "upgrade_record"],
               dict(_env(venv), DDP_LAB_UPGRADE_RECORD=str(venv / "nbval-new.json"))),
-             ("cuda-tests", [python, "-m", "pytest", "-q", "-rs", "-p", "no:randomly", *CUDA_TESTS],
-              _env(venv))]
+             ("cuda-tests", [python, "-m", "pytest", "-q", "-rs", "-p", "no:randomly", *CUDA_TESTS,
+                             *NEW_TORCH_TESTS], _env(venv))]
     wanted = ("build-ops", "tour-new", "cuda-tests") if ci else (
         "build-ops", "tour-baseline", "tour-new", "nbval-new")
     return [step for step in steps if step[0] in wanted]
@@ -220,7 +238,8 @@ def report(venv: Path, ci: bool = False) -> int:
     tests_ok = True
     if ci:
         tests_ok, summary = cuda_tests_report(venv)
-        print(f"CUDA-build tests ({', '.join(CUDA_TESTS)}): {summary}")
+        print(f"CUDA-build tests ({', '.join(CUDA_TESTS)}) and {', '.join(NEW_TORCH_TESTS)}: "
+              f"{summary}")
     else:
         print(f"strict nbval: {len(cells)} cells, {len(cells) - len(failed)} passed, "
               f"{len(failed)} failed")
@@ -247,6 +266,8 @@ def main(argv=None) -> int:
                         help="CI's part: build-ops, the tour and the CUDA-build tests, no baseline")
     parser.add_argument("--report-only", action="store_true", help="report from the last records")
     args = parser.parse_args(argv)
+    if below_floor(args.torch):
+        parser.error(below_floor(args.torch))
     venv = (args.venv or REPO / ".upgrade" / f"torch-{args.torch}").resolve()
     if not args.report_only:
         start = time.time()

@@ -104,8 +104,9 @@ def report(scenario, which: str, result, problems: list[str], output: bool = Fal
         lines += [f"  measured: {m}" for m in expect.measured(result)]
         other = [o for o in VARIANTS if o != which][0]
         if scenario.variant(other).expect.status == "ok":  # the other variant is measured too
-            unlike = scenario.differences(other, result)
-            lines += [f"  {which}: the {other} variant's check fails: {p}" for p in unlike] or [
+            unlike = scenario.differences(other, result)  # the cross-check: these should differ
+            lines += [f"  as intended, the {other} variant's declaration does not hold here: {p}"
+                      for p in unlike] or [
                 f"  also meets the {other} variant's declaration: nothing tells them apart"]
     lines.append(f"  declared: {expect.condition_text()}  ->  "
                  + ("as declared" if not problems else "NOT as declared"))

@@ -235,10 +235,22 @@ class Variant:
         from ..launching.launcher import launch
 
         # No warm server needed: each rank's timeout counts from when that rank is ready.
-        return launch(self.fn, world_size=world_size or self.world_size,
-                      timeout=timeout or self.timeout, env=dict(self.env),
-                      init_process_group=self.init_process_group, grace=self.grace,
-                      start_method=self.start_method, label=label, **{**self.kwargs, **kwargs})
+        return environment_checked(launch(
+            self.fn, world_size=world_size or self.world_size, timeout=timeout or self.timeout,
+            env=dict(self.env), init_process_group=self.init_process_group, grace=self.grace,
+            start_method=self.start_method, label=label, **{**self.kwargs, **kwargs}))
+
+
+def environment_checked(result: RunResult) -> RunResult:
+    """`result`, unless a rank found that this environment cannot run the scenario at all
+    (DeepSpeed's op not built for it: OpBuildError, naming `ddp-lab build-ops`): then that is an
+    error of the run, raised here, not an outcome to hold against the scenario's declaration."""
+    from ..instruments.deepspeed_ops import OpBuildError
+
+    for r in result.ranks:
+        if r.error is not None and r.error.type == OpBuildError.__name__:
+            raise OpBuildError(f"{result.label or 'the run'}, rank {r.rank}: {r.error.message}")
+    return result
 
 
 @dataclass(frozen=True)

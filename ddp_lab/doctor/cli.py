@@ -6,6 +6,11 @@ from __future__ import annotations
 import argparse
 import sys
 
+from . import doctor
+from .errors import DoctorBug, DoctorInputError
+from .exam.tp_plan import eval_plan
+from .loader import eval_input, eval_loss, load_target, parse_ddp
+
 HELP = "diagnose your own module: static checks, then real ranks under DDP"
 EPILOG = """examples:
   ddp-lab doctor mymodel.py:Net --input "torch.randn(8, 16)"
@@ -71,10 +76,6 @@ def add_commands(sub) -> None:
 
 def run(args) -> int:
     """Load, diagnose, print; the exit status."""
-    from . import doctor
-    from .inputs import DoctorBug, DoctorInputError
-    from .loader import eval_input, eval_loss, load_target, parse_ddp
-
     try:
         model, module = load_target(args.target)
         example = eval_input(args.input_expr, vars(module))
@@ -108,9 +109,6 @@ def _compile(args):
 
 def _parallelize(args, module):
     """--parallelize path/to/file.py:fn, or fn in the module's own file."""
-    from .inputs import DoctorInputError
-    from .loader import load_target
-
     spec = getattr(args, "parallelize_spec", None)
     if not spec:
         return None
@@ -123,7 +121,6 @@ def _parallelize(args, module):
 def _tp_plan(args, module):
     if not getattr(args, "tp_plan_expr", None):
         return None
-    from .tensor_parallel import eval_plan
 
     return eval_plan(args.tp_plan_expr, vars(module))
 

@@ -8,7 +8,8 @@ import os
 import re
 import sys
 
-from .inputs import DoctorInputError, _last_frames
+from .errors import DoctorInputError
+from .frames import last_frames as _last_frames
 
 
 def load_target(spec: str):

@@ -9,6 +9,8 @@ from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from typing import Any
 
+from ..course.registry import lessons
+from .render import report_html, report_text
 from .strategies import strategies_of
 
 SEVERITIES = ("error", "warning", "info")
@@ -16,8 +18,6 @@ SEVERITIES = ("error", "warning", "info")
 
 @lru_cache(maxsize=1)
 def _error_classes() -> dict[str, str]:
-    from ..course.registry import lessons  # the doctor reads the registry; never the reverse
-
     return {lid: lesson.error_class for lid, lesson in lessons().items() if lesson.error_class}
 
 
@@ -143,14 +143,36 @@ class Report:
         return json.dumps(self.to_dict(), indent=indent)
 
     def text(self, traces: bool = False) -> str:
-        from .render import report_text
-
         return report_text(self, traces=traces)
 
     def __repr__(self) -> str:
         return self.text()
 
     def _repr_html_(self) -> str:
-        from .render import report_html
-
         return report_html(self)
+
+
+def brief(line: str, limit: int = 240) -> str:
+    """A long PyTorch message cut after the sentence that passes `limit` characters."""
+    if len(line) <= limit:
+        return line
+    end = line.find(". ", limit)
+    return line[:end + 1] + " [...]" if 0 < end < limit + 200 else line[:limit] + " [...]"
+
+
+# The keys findings are deduplicated by: the doctor keeps one finding per code, lesson and title
+# (its phases repeat what the first, more specific one said); watch one per code, title and
+# line (a check may name the same mechanism at two lines of the script).
+BY_TITLE = ("code", "lesson", "title")
+BY_LINE = ("code", "title", "where")
+
+
+def dedupe(findings: list, key: tuple = BY_TITLE) -> list:
+    """One finding per `key` (names of Finding's fields): the first keeps its place."""
+    seen, out = set(), []
+    for f in findings:
+        k = tuple(getattr(f, name) for name in key)
+        if k not in seen:
+            seen.add(k)
+            out.append(f)
+    return out

@@ -8,6 +8,8 @@ EVERY = ("ddp", "fsdp2", "zero3")  # the training strategies the doctor judges a
 NAMES = {"ddp": "DDP", "fsdp2": "FSDP2", "zero3": "ZeRO-3", "tp": "tensor parallel"}
 
 # code -> the strategies whose rule the finding is; a code not listed applies to all of EVERY.
+# A registry check declares its own (Check.strategies: checks/tp_parallelize.py's are "tp"); this
+# table holds the codes of the doctor's phases.
 # DDP-only, read in the sources (torch 2.13, DeepSpeed 0.19.8): "Expected to have finished
 # reduction" and "marked ready twice" are raised by DDP's Reducer (csrc/distributed/c10d/
 # reducer.cpp, in libtorch_cpu); FSDP2's FSDPParamGroup.post_backward reduce-scatters only the
@@ -24,12 +26,7 @@ STRATEGIES_OF = {
     "read-outside-its-unit": ("fsdp2", "zero3"),
     "sharded-run-failed": ("fsdp2", "zero3"),
     "bf16-table-error": ("fsdp2",),
-    "tp-output-differs": ("tp",),
-    "tp-run-failed": ("tp",),
-    "tp-plan": ("tp",),
-    "plan-leaves-weights-whole": ("tp",),
-    "tp-tie-broken": ("tp",),
-    "tp-needs-plan": ("tp",),
+    "tp-run-failed": ("tp",),  # the tensor-parallel launch failed (exam/tensor_parallel.py)
 }
 WHY_NOT = {  # code -> why the rule does not hold under another strategy
     "unused-parameters": "FSDP2 reduce-scatters only the parameters that received a gradient, "

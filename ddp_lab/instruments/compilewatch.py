@@ -74,6 +74,16 @@ def user_frame(text: str, own: tuple[str, ...] = ()) -> tuple[str, str]:
     return f"{path}:{line} in {fn}", linecache.getline(path, int(line)).strip()
 
 
+def _whole(cut: str, line: str, fn: str, message: str) -> str:
+    """The whole path of a file the guard's comment names by the end of its path only (torch
+    cuts it to a width: "mp/work/train.py"), from the user stack trace the same message
+    carries ("File "/tmp/work/train.py", line 8, in forward"); `cut` when none matches."""
+    for path, n, f in frames.FRAME.findall(message):
+        if n == line and f == fn and path.endswith(cut):
+            return path
+    return cut
+
+
 class _Records(logging.Handler):
     def __init__(self):
         super().__init__(logging.DEBUG)
@@ -184,9 +194,12 @@ class CompileWatch:
         guard = next((ln.strip()[2:] for ln in message.splitlines() if ln.strip().startswith("- ")
                       and re.match(r"- \d+/\d+:", ln.strip())), "")
         named = re.search(r"#\s*(?:#\s*)?(\S+?):(\d+) in (\S+)", guard)
-        where = f"{named.group(1)}:{named.group(2)} in {named.group(3)}" if named else ""
-        if named and any(s in named.group(1) for s in _LIBRARY + self.own):
-            where = ""
+        where = ""
+        if named:
+            cut, line, function = named.groups()
+            path = _whole(cut, line, function, message)
+            if not any(s in path for s in _LIBRARY + self.own):
+                where = f"{path}:{line} in {function}"
         guard = re.sub(r"^\d+/\d+: ", "", guard.split("#")[0].strip())  # "4/0: " varies by run
         return Recompile(fn.group(1) if fn else "?", guard, where)
 

@@ -1,23 +1,38 @@
-"""DeepSpeed's one C++ op this course needs, built once and explicitly, never inside a rank.
+"""DeepSpeed's one C++ op this course needs, built once per environment and explicitly, never
+inside a rank.
 
 On CPU, `deepspeed.init_distributed` loads its shared-memory collective op
 (`deepspeed_shm_comm`) with torch's JIT extension builder, which compiles it on first use into
-`$TORCH_EXTENSIONS_DIR/deepspeed_shm_comm` (default `~/.cache/torch_extensions/py3X_cpu/...`,
-`py3X_cuNNN` on a CUDA build: one folder per Python and CUDA version, not per torch release):
-minutes of C++ compilation. Inside a rank with a launch timeout that is a trap. Up to torch
-2.13, torch's builder marks a build by the mere existence of a `lock` file (a "baton"): a rank
-killed mid-build leaves it behind and every later build or load waits on it forever. torch 2.14
-holds an OS advisory lock on that file instead: the kernel releases it when the holder dies,
-and the file itself stays after every build, by design (`lock_is_a_baton` tells them apart).
+`$TORCH_EXTENSIONS_DIR/deepspeed_shm_comm` (torch's default, `~/.cache/torch_extensions/py3X_cpu/`,
+is one folder per Python and CUDA version, shared by every environment of that kind). Its
+`build.ninja` names the environment's paths (torch's headers, DeepSpeed's sources, Python's), so a
+second environment with the same torch rewrites it and ninja rebuilds the op: inside a rank, for
+minutes, under a launch timeout that kills the build and (up to torch 2.13) leaves its `lock`
+behind, which blocks every later build or load (issue 47). So the course keeps the op per
+environment: `build_root()` is `<root>/py3X_cpu-<key>`, where <root> is `$TORCH_EXTENSIONS_DIR` if
+set, else `torch_extensions/` in the environment (`sys.prefix`), and <key> is a hash of what the
+build depends on (the environment's path, torch's and DeepSpeed's versions and places, Python's
+headers, the compiler, the ninja on PATH, whose log another version would start over): another
+environment, or a new torch or DeepSpeed, gets a folder of its own instead of rebuilding this one.
+
+Up to torch 2.13, torch's builder marks a build by the mere existence of a `lock` file (a
+"baton"): a rank killed mid-build leaves it behind and every later build or load waits on it
+forever. torch 2.14 holds an OS advisory lock on that file instead: the kernel releases it when
+the holder dies, and the file itself stays after every build, by design (`lock_is_a_baton` tells
+them apart).
 
 So: `ddp-lab build-ops` (run by the tour before lesson 12, and by `.ci/run`) builds it in a
 child process with progress lines and a time limit, names the missing compiler or Python
 headers, and, where the lock is a baton, removes one whose builder is dead. `require_built()`
-is what a lesson-12 rank calls before `deepspeed.init_distributed`: it raises a clear error
-instead of compiling. Nothing here imports deepspeed in this process.
+is what a rank calls before `deepspeed.init_distributed`: it points the rank's torch at this
+environment's folder and raises a clear error, naming `ddp-lab build-ops`, instead of compiling
+(the op missing, a dead build's lock, or a build that ninja would redo); the course's registry
+makes that error one of the run (`Variant.run` raises it), not a scenario's outcome. Nothing here
+imports deepspeed in this process.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import signal
@@ -40,18 +55,45 @@ class OpBuildError(RuntimeError):
     """The op cannot be built or loaded here; the message says what to do."""
 
 
-def build_dir() -> Path:
-    """The folder torch's JIT builder uses for the op (TORCH_EXTENSIONS_DIR honoured)."""
-    root = os.environ.get("TORCH_EXTENSIONS_DIR")
-    if root is None:
-        from torch.utils.cpp_extension import get_default_build_root
+def _depends_on() -> dict[str, str]:
+    """What the op's build.ninja and objects depend on in this environment (DeepSpeed read from
+    its metadata, not imported)."""
+    from importlib import metadata
 
-        import torch
-        acc = f"cu{torch.version.cuda.replace('.', '')}" if torch.version.cuda else "cpu"
-        root = os.path.join(get_default_build_root(),
-                            f"py{sys.version_info.major}{sys.version_info.minor}"
-                            f"{getattr(sys, 'abiflags', '')}_{acc}")
-    return Path(root) / NAME
+    import torch
+    try:
+        dist = metadata.distribution("deepspeed")
+        deepspeed = f"{dist.version} {dist.locate_file('deepspeed')}"
+    except metadata.PackageNotFoundError:
+        deepspeed = "(not installed)"
+    return {"environment": sys.prefix, "python": sys.version.split()[0] + getattr(sys, "abiflags", ""),
+            "torch": f"{torch.__version__} {os.path.dirname(torch.__file__)}", "deepspeed": deepspeed,
+            "headers": sysconfig.get_paths()["include"], "compiler": os.environ.get("CXX", "c++"),
+            "ninja": _ninja() or "(none)"}
+
+
+def build_root() -> Path:
+    """This environment's folder for the course's ops: what TORCH_EXTENSIONS_DIR must be when
+    torch's JIT builder builds or loads them (`ddp-lab build-ops`, `require_built`)."""
+    import torch
+
+    acc = f"cu{torch.version.cuda.replace('.', '')}" if torch.version.cuda else "cpu"
+    key = hashlib.sha256(repr(sorted(_depends_on().items())).encode()).hexdigest()[:10]
+    tag = f"py{sys.version_info.major}{sys.version_info.minor}{getattr(sys, 'abiflags', '')}_{acc}-{key}"
+    root = os.environ.get("TORCH_EXTENSIONS_DIR")
+    if root is not None and os.path.basename(root.rstrip(os.sep)) == tag:
+        return Path(root)  # already this environment's folder (require_built set it)
+    if root is None:
+        root = os.path.join(sys.prefix, "torch_extensions")
+        if not os.access(sys.prefix, os.W_OK):  # a system Python: the user's cache instead
+            from torch.utils.cpp_extension import get_default_build_root
+            root = os.path.join(get_default_build_root(), "ddp-lab")
+    return Path(root) / tag
+
+
+def build_dir() -> Path:
+    """The op's folder in this environment (`build_root()`, TORCH_EXTENSIONS_DIR honoured)."""
+    return build_root() / NAME
 
 
 def is_built(folder: Path | None = None) -> bool:
@@ -105,18 +147,60 @@ def require_toolchain() -> None:
         raise OpBuildError(f"cannot build DeepSpeed's {NAME} op: missing " + "; ".join(missing))
 
 
+def _ninja() -> str | None:
+    """The ninja torch's builder runs: the first on PATH (`cpp_extension` runs plain `ninja`).
+    Another version would read its log as too old or too new and start it over, deleting it: the
+    next load would then rebuild everything."""
+    here = Path(sys.executable).parent / "ninja"
+    return shutil.which("ninja") or (str(here) if here.exists() else None)
+
+
+def out_of_date(folder: Path | None = None) -> str:
+    """What ninja would redo in the op's built folder ("" when nothing, or when it cannot tell):
+    a source or header newer than the op, e.g. DeepSpeed or torch reinstalled in place. Asked of
+    a copy of the folder (mtimes kept, about 1 MB): a dry run still starts over a log it finds of
+    another ninja version, which would make the next load rebuild everything."""
+    import tempfile
+
+    folder = folder or build_dir()
+    ninja = _ninja()
+    if ninja is None or not (folder / "build.ninja").is_file():
+        return ""
+    try:
+        with tempfile.TemporaryDirectory(prefix="ddp-lab-ninja-") as tmp:
+            copy = shutil.copytree(folder, Path(tmp) / folder.name, ignore=shutil.ignore_patterns("lock"))
+            out = subprocess.run([ninja, "-n", "-C", str(copy)], capture_output=True, text=True,
+                                 timeout=30)
+    except (OSError, shutil.Error, subprocess.SubprocessError):
+        return ""
+    if out.returncode != 0:  # e.g. a source that is gone: a build would fail there too
+        said = (out.stderr or out.stdout).strip().splitlines()
+        return said[-1] if said else f"ninja -n exited {out.returncode}"
+    steps = [ln for ln in out.stdout.splitlines() if ln.startswith("[")]
+    return f"{len(steps)} build step(s) to redo" if steps else ""
+
+
 def require_built() -> None:
-    """In a rank, before deepspeed.init_distributed: refuse to compile there."""
+    """In a rank, before deepspeed.init_distributed: point this rank's torch at this
+    environment's folder (TORCH_EXTENSIONS_DIR: the rank is a process of its own, whose
+    environment the launcher sets afresh), and refuse to compile there."""
     folder = build_dir()
+    os.environ["TORCH_EXTENSIONS_DIR"] = str(folder.parent)
     lock = stale_lock(folder)
     if lock is not None:
         raise OpBuildError(f"DeepSpeed's {NAME} op: a build was killed and left {lock}; "
                            f"every load would wait on it forever. Run `{COMMAND}` once "
                            "(it removes a dead build's lock and builds the op).")
     if not is_built(folder):
-        raise OpBuildError(f"DeepSpeed's {NAME} op is not built in {folder}: "
-                           "deepspeed.init_distributed would compile it now, inside this rank, "
-                           f"for minutes. Run `{COMMAND}` once first (a few minutes, one time).")
+        raise OpBuildError(f"DeepSpeed's {NAME} op is not built for this environment "
+                           f"({sys.prefix}) in {folder}: deepspeed.init_distributed would compile "
+                           f"it now, inside this rank, for minutes. Run `{COMMAND}` once first, "
+                           "with this environment's Python (a few minutes, one time).")
+    stale = out_of_date(folder)
+    if stale:
+        raise OpBuildError(f"DeepSpeed's {NAME} op in {folder} is out of date ({stale}): "
+                           "deepspeed.init_distributed would rebuild it now, inside this rank. "
+                           f"Run `{COMMAND}` once first, with this environment's Python.")
 
 
 def _kill_tree(proc, folder: Path) -> None:
@@ -176,16 +260,18 @@ def ensure_built(timeout: float = 1800.0, say=print) -> bool:
     folder = build_dir()
     if stale_lock(folder) is not None:
         _remove_dead_lock(folder, say)
-    if is_built(folder) and not (lock_is_a_baton() and (folder / "lock").exists()):
+    if (is_built(folder) and not (lock_is_a_baton() and (folder / "lock").exists())
+            and not out_of_date(folder)):
         return False
     require_toolchain()
     folder.parent.mkdir(parents=True, exist_ok=True)
     log = folder.parent / f"{NAME}.build.log"
-    say(f"Building DeepSpeed's {NAME} op into {folder} (once per machine, a few minutes; "
+    say(f"Building DeepSpeed's {NAME} op into {folder} (once per environment, a few minutes; "
         f"log: {log})")
     start = time.monotonic()
+    env = dict(os.environ, TORCH_EXTENSIONS_DIR=str(folder.parent))  # where a rank looks
     with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-c", BUILD], stdout=out,
+        proc = subprocess.Popen([sys.executable, "-c", BUILD], stdout=out, env=env,
                                 stderr=subprocess.STDOUT, start_new_session=True)
         try:
             rc = _wait(proc, start, timeout, say)

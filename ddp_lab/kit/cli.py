@@ -17,6 +17,9 @@ def add_commands(sub) -> None:
     site.add_argument("action", choices=["build"])
     site.add_argument("out", help="output folder")
     site.add_argument("--notebooks", default="notebooks", help="folder of executed lesson notebooks")
+    site.add_argument("--repository", metavar="URL", default=None,
+                      help="the repository's web address every page links to (default: git's "
+                           "`origin` remote, when it is a web address; no link without one)")
     site.set_defaults(func=build_site)
 
 
@@ -36,5 +39,5 @@ def build_workshop(args) -> int:
 def build_site(args) -> int:
     from .site import build_site
 
-    build_site(args.out, notebooks=args.notebooks)
+    build_site(args.out, notebooks=args.notebooks, repository=args.repository)
     return 0

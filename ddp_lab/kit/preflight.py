@@ -21,7 +21,10 @@ from dataclasses import dataclass
 from typing import Callable
 
 MIN_PYTHON = (3, 10)
-MIN_TORCH = (2, 4)
+# The oldest torch every lesson runs on: lesson 17's scenario 4 gives torchrun `--shutdown-timeout`,
+# an option since torch 2.12. pyproject.toml's `torch>=` and tools/upgrade_check.py's floor say the same
+# (tests/test_upgrade_check.py).
+MIN_TORCH = (2, 12)
 TESTED_TORCH = "2.13.0"  # requirements.txt's pin
 KERNEL_IMPORTS = ("torch", "ddp_lab", "ipywidgets", "ipykernel")
 
@@ -104,8 +107,8 @@ def two_ranks(timeout: float = 60) -> Item:
 
 
 def deepspeed_op() -> Item:
-    """DeepSpeed's one C++ op (lesson 12 and the doctor's zero3): built for this torch and Python,
-    and loadable; when not, what building it needs and the one command that builds it."""
+    """DeepSpeed's one C++ op (lesson 12 and the doctor's zero3): built for this environment,
+    up to date and loadable; when not, what building it needs and the one command that builds it."""
     from ..instruments import deepspeed_ops as ops
 
     try:
@@ -127,6 +130,10 @@ def deepspeed_op() -> Item:
                          f"{missing}; then {ops.COMMAND} (once, a few minutes)")
         return Item("deepspeed", False, detail + " (gcc/g++ and the Python headers are here to build it)",
                      f"{ops.COMMAND} (once, a few minutes)")
+    stale = ops.out_of_date(folder)
+    if stale:  # the first rank to load it would rebuild it, inside the rank
+        return Item("deepspeed", False, f"its {ops.NAME} op in {folder} is out of date ({stale}): "
+                     "lesson 12 would fail with OpBuildError", f"{ops.COMMAND} (it rebuilds the op)")
     try:  # built by another torch or Python, it does not load: say so now, not in a rank
         import importlib.util
 

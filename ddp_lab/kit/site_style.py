@@ -36,6 +36,9 @@ html{{scroll-padding-top:3.5em}}
   border:1px solid #ddd;border-radius:4px;background:#fafafa}}
 .ddp-toc ol{{margin:.3em 0 0;padding-left:1.5em}}
 .jp-RenderedImage{{overflow-x:auto}}
+/* nbconvert's lab CSS clips the input area (.jp-InputArea-editor{{overflow:hidden}}): a line
+   longer than the window was cut off, with no scrollbar (issue 47); the code scrolls instead */
+.jp-InputArea-editor .highlight pre{{overflow-x:auto}}
 @media (max-width:700px){{
   .jp-InputPrompt,.jp-OutputPrompt{{display:none}}
   .jp-RenderedImage img{{max-width:none}}

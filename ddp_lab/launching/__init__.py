@@ -7,7 +7,8 @@ stop agreeing, sanitizing and displaying results live here too.
     processes.py   the handles of rank processes (forked from the fork server, or spawned); /proc
     forkserver.py  the clean fork server (started by exec, preloads torch, forks one child per rank)
     child.py       what runs inside a rank process: spec, output capture, stacks, the group, result
-    rankinfo.py    RANK / LOCAL_RANK / WORLD_SIZE read in one place: rank_info, device, ddp_kwargs
+    rankinfo.py    RANK / LOCAL_RANK / WORLD_SIZE read in one place: rank_info, device, ddp_kwargs;
+                   scratch_dir (the launch's own folder, removed when it ends)
     torchrun.py    under torchrun: run the function on this rank, end the rank without teardown
     pyspy.py       optional native stacks of a hung rank
     flight.py      PyTorch's flight recorder: arm it in the rank, dump, read and parse the record
@@ -27,10 +28,11 @@ engine's modules (processes, forkserver, child, frames) are its own.
 from .child import die_with_parent
 from .launcher import launch
 from .processes import prewarm
-from .rankinfo import RankInfo, ddp_kwargs, device, in_torchrun, rank_info, restart_clock
+from .rankinfo import (RankInfo, ddp_kwargs, device, in_torchrun, rank_info, restart_clock,
+                       scratch_dir)
 from .results import DistributedRunError, ErrorInfo, LaunchInterrupted, RankResult, RunResult
 from .sanitize import sanitize
 
 __all__ = ["launch", "prewarm", "die_with_parent", "RankInfo", "rank_info", "device",
-           "ddp_kwargs", "restart_clock", "in_torchrun", "RunResult", "RankResult", "ErrorInfo",
+           "ddp_kwargs", "restart_clock", "in_torchrun", "scratch_dir", "RunResult", "RankResult", "ErrorInfo",
            "DistributedRunError", "LaunchInterrupted", "sanitize"]

@@ -21,7 +21,7 @@ import traceback
 from collections import deque
 from datetime import timedelta
 
-from . import flight
+from . import flight, torchrun_world
 from .frames import launchers
 
 STACK_SIGNAL = signal.SIGUSR1
@@ -90,10 +90,15 @@ def _teardown() -> None:
         pass
 
 
-def _error_record(exc: BaseException) -> dict:
-    tb = exc.__traceback__
+def _from_user(tb):
+    """The traceback from the user's code on, the launcher's frames (and its runners') left out."""
     while tb is not None and launchers(tb.tb_frame.f_code.co_filename, tb.tb_frame.f_code.co_name):
-        tb = tb.tb_next  # the traceback starts at the user's code, not in the launcher's
+        tb = tb.tb_next
+    return tb
+
+
+def _error_record(exc: BaseException) -> dict:
+    tb = _from_user(exc.__traceback__)
     return {
         "kind": "error",
         "type": type(exc).__name__,
@@ -203,8 +208,13 @@ def child_main(spec_path: str) -> None:
     os.environ.clear()
     os.environ.update(spec["env"])
     sys.path[:] = spec["sys_path"]
+    if spec.get("as_torchrun"):  # a fresh `python -u` worker's seeds, streams and SIGINT
+        os.chdir(spec["cwd"])  # the caller's, as a new process inherits it (not the server's)
+        torchrun_world.become_fresh()
     if "torch.distributed" in sys.modules:  # preloaded: re-read what torch read at import
         sys.modules["torch.distributed"].set_debug_level_from_env()
+    if "tempfile" in sys.modules:  # a preload may have asked it already: ask again (TMPDIR)
+        sys.modules["tempfile"].tempdir = None
     _arm_stack_dump(spec)
     flight.arm(spec)  # a hung rank still dumps its flight record when the launcher asks
     start = time.time()
@@ -213,11 +223,16 @@ def child_main(spec_path: str) -> None:
         record = _run(spec)
     except BaseException as exc:  # noqa: BLE001 - every failure is reported, even SystemExit
         record, code = _error_record(exc), 1
-        sys.stderr.write(record["traceback"])  # as Python would print it, from the user's frame
+        if spec.get("as_torchrun"):  # as Python prints it (sys.excepthook; nothing for sys.exit)
+            torchrun_world.print_uncaught(exc, _from_user(exc.__traceback__))
+        else:
+            sys.stderr.write(record["traceback"])  # as Python would print it, from the user's frame
         # Keep the exception (and through its traceback, the failed function's locals) alive
         # until os._exit: freeing a process group there, with the GIL held, can deadlock in
         # ~ProcessGroupGloo while its worker thread waits for the GIL (seen on torch 2.13).
         _KEEP_ALIVE.append(exc)
+    if spec.get("as_torchrun"):  # the script's threads and atexit functions, as Python ends
+        torchrun_world.exit_as_python()
     flight.dump_at_exit(spec)
     _teardown()
     record.update(costs())

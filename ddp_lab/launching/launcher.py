@@ -12,12 +12,14 @@ import shutil
 import sys
 import tempfile
 import time
+import uuid
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from . import flight, processes, pyspy
+from . import flight, processes, pyspy, torchrun_world
 from .costs import from_records
-from .rankinfo import in_torchrun
+from .rankinfo import SCRATCH, in_torchrun
+from .tail import Tail
 from .results import (CRASHED, ERROR, INTERRUPTED, OK, TIMEOUT, ErrorInfo, LaunchInterrupted,
                       RankResult, RunResult)
 
@@ -68,13 +70,16 @@ class _LaunchSpec:
     init_process_group: bool
     start_method: str
     world_size: int
+    as_torchrun: bool = False
+    run_id: str = ""
 
 
 def launch(fn: Callable, *args, world_size: int = 2, backend: str = "auto",
            timeout: float | None = None,
            env: dict[str, str] | None = None, init_process_group: bool = True,
            start_method: str = "auto", grace: float = 5.0, label: str = "",
-           native_stacks: bool = False, **kwargs) -> RunResult:
+           native_stacks: bool = False, as_torchrun: bool = False, output=None,
+           **kwargs) -> RunResult:
     """Run `fn(*args, **kwargs)` once per rank, each rank a fresh process, and return a
     `RunResult` with every rank's status, value or error, output and (if it hung) stack.
 
@@ -86,6 +91,11 @@ def launch(fn: Callable, *args, world_size: int = 2, backend: str = "auto",
     own before they are stopped the same way. Each rank's flight record (the collectives torch
     records by default; `env={"TORCH_FR_BUFFER_SIZE": "0"}` turns it off) comes back in
     `RankResult.collectives`.
+
+    `as_torchrun`: each rank gets what torchrun gives a worker and nothing of the launcher's
+    (torchrun_world.py: its variables, fresh seeds, `python -u` streams, SIGINT, an uncaught
+    exception printed as Python prints it); ranks still fork from the fork server. `output`:
+    `output(rank, stream, line)` is called for each line a rank writes, as it writes it (tail.py).
 
     Keyword arguments named like an option of `launch` (`timeout`, `env`, `label`, ...) are
     taken by `launch`; bind such an argument first: `launch(functools.partial(fn, timeout=3))`.
@@ -110,13 +120,17 @@ def launch(fn: Callable, *args, world_size: int = 2, backend: str = "auto",
     workdir = tempfile.mkdtemp(prefix="ddp-lab-")
     ranks: list[_Rank] = []
     start = time.time()
+    run_id = str(uuid.uuid4()) if as_torchrun else ""  # torchrun: one id per job
+    tail = None
     try:
         for attempt in (1, 2):
             store = _rendezvous_store(timeout)
-            spec = _LaunchSpec(os.path.join(workdir, str(attempt)), payload,
-                               _base_env(env, world_size, store.port),
-                               backend, timeout, init_process_group, start_method, world_size)
+            folder = os.path.join(workdir, str(attempt))
+            spec = _LaunchSpec(folder, payload, _base_env(env, world_size, store.port, folder),
+                               backend, timeout, init_process_group, start_method, world_size,
+                               as_torchrun, run_id)
             os.mkdir(spec.workdir)
+            os.mkdir(os.path.join(folder, "scratch"))  # rankinfo.scratch_dir(): removed below
             try:
                 for r in range(world_size):
                     ranks.append(_start_rank(r, spec))
@@ -129,12 +143,17 @@ def launch(fn: Callable, *args, world_size: int = 2, backend: str = "auto",
                 ranks = []
         if start_method == "forkserver":
             _preload_for_next_time(fn)
+        if output is not None:
+            tail = Tail({(rk.rank, s): rk.paths[s] for rk in ranks for s in ("stdout", "stderr")},
+                        output)
         try:
-            _watch(ranks, timeout, grace)
+            _watch(ranks, timeout, grace, tail)
         except KeyboardInterrupt:  # Ctrl-C, Jupyter's stop button: keep what the ranks did
             _stop([rk for rk in ranks if rk.exitcode is None], INTERRUPTED)
             result = _collect(ranks, backend, timeout, time.time() - start, label, start)
             raise LaunchInterrupted(result) from None
+        if tail is not None:
+            tail.close()
         return _collect(ranks, backend, timeout, time.time() - start, label, start)
     finally:
         _kill(ranks)
@@ -228,8 +247,9 @@ def _rendezvous_store(timeout: float):
                     timeout=timedelta(seconds=timeout + PG_TIMEOUT_MARGIN))
 
 
-def _base_env(env: dict, world_size: int, port: int) -> dict:
-    return dict(os.environ, **env, **_rendezvous_env(world_size, port))
+def _base_env(env: dict, world_size: int, port: int, folder: str) -> dict:
+    return dict(os.environ, **env, **_rendezvous_env(world_size, port),
+                **{SCRATCH: os.path.join(folder, "scratch")})
 
 
 def _rendezvous_env(world_size: int, port: int) -> dict[str, str]:
@@ -243,10 +263,15 @@ def _start_rank(r: int, launch: _LaunchSpec) -> _Rank:
              for k in ("stdout", "stderr", "stack", "result", "ready")}
     flight.prepare(paths, launch.workdir, r)
     env = dict(launch.base_env, RANK=str(r), LOCAL_RANK=str(r))
+    if launch.as_torchrun:  # torchrun's worker: its variables, none of the launcher's own
+        os.mkdir(os.path.join(launch.workdir, f"rank{r}"))
+        env = torchrun_world.worker_env(launch.base_env, r, launch.world_size, launch.run_id,
+                                        os.path.join(launch.workdir, f"rank{r}", "error.json"))
     spec = dict(paths, payload=launch.payload, env=env, sys_path=list(sys.path),
                 backend=launch.backend, init_process_group=launch.init_process_group,
                 pg_timeout=launch.timeout + PG_TIMEOUT_MARGIN, preload=processes.PRELOAD_IDLE,
-                threads=max(1, (os.cpu_count() or 1) // launch.world_size))
+                threads=max(1, (os.cpu_count() or 1) // launch.world_size),
+                as_torchrun=launch.as_torchrun, cwd=os.getcwd())
     spec_path = os.path.join(launch.workdir, f"rank{r}.spec")
     with open(spec_path, "wb") as f:
         pickle.dump(spec, f)
@@ -259,12 +284,15 @@ def _start_rank(r: int, launch: _LaunchSpec) -> _Rank:
     return rk
 
 
-def _watch(ranks: list[_Rank], timeout: float, grace: float) -> None:
+def _watch(ranks: list[_Rank], timeout: float, grace: float, tail: Tail | None = None) -> None:
     """Wait for every rank to exit. Stop the running ones once each has used its `timeout`
-    (from when it was ready), or `grace` s after a rank failed."""
+    (from when it was ready), or `grace` s after a rank failed. `tail`: the ranks' output
+    passed on as it comes."""
     first_failure = None
     while True:
         now = time.time()
+        if tail is not None:
+            tail.poll()
         for rk in ranks:
             mark = _ready_mark(rk.paths["ready"])
             if mark is not None and mark != rk.ready_mark:  # ready, or rankinfo.restart_clock()

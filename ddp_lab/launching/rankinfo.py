@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import tempfile
 from dataclasses import dataclass
 
 # What a launcher gives its ranks (the course's, torchrun's). A shell on a node has none of them,
@@ -53,6 +54,19 @@ def rank_info() -> RankInfo:
     env = os.environ
     return RankInfo(int(env.get("RANK", 0)), int(env.get("LOCAL_RANK", env.get("RANK", 0))),
                     int(env.get("WORLD_SIZE", 1)))
+
+
+# The course's launcher names a folder of its own for each launch, which it removes when the launch
+# ends, whichever way its ranks end (a rank killed at the timeout runs no cleanup of its own).
+SCRATCH = "DDP_LAB_SCRATCH"
+
+
+def scratch_dir() -> str:
+    """Where a rank makes its temporary files and folders (`tempfile.mkdtemp(dir=scratch_dir())`):
+    the launch's own folder, private to this user and removed by the launcher when the launch
+    ends, so a hung rank that is killed leaves nothing behind; outside the course's launcher
+    (torchrun's ranks, a plain process), the system's temporary folder."""
+    return os.environ.get(SCRATCH) or tempfile.gettempdir()
 
 
 def in_torchrun() -> bool:

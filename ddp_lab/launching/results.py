@@ -34,6 +34,10 @@ _COLLATERAL = re.compile(r"Connection closed by peer|Connection reset by peer|Br
 # timeout, with its peer alive elsewhere (a slow save, another collective): the cause to headline.
 
 
+# A rule framing a message, as torchrun's ChildFailedError summary has.
+_RULE = re.compile(r"[=\-]{3,}")
+
+
 # Innermost frames that name no place: decorators' wrappers, and a handle's wait (DeepSpeed's
 # ZeRO-3 parameter fetch is `fetch_sub_module` -> `wait` -> `wrapped_fn`).
 _GENERIC = {"wrapped_fn", "wrapper", "decorate_context", "inner", "_fn", "wait"}
@@ -66,7 +70,14 @@ class ErrorInfo:
 
     @property
     def first_line(self) -> str:
-        lines = [ln for ln in self.message.strip().splitlines() if ln.strip()]
+        """The message's first line that says something: a rule of `=` or `-` is skipped, so
+        torchrun's ChildFailedError, a table framed by rules
+        (torch/distributed/elastic/multiprocessing/errors/__init__.py:193-202), reads
+        "<script> FAILED". Its root cause is not added: torchrun picks it by whole-second time
+        stamps, and on a tie by order (`get_first_failure`), which is not a rule a headline can
+        repeat run after run."""
+        lines = [ln for ln in self.message.strip().splitlines()
+                 if ln.strip() and not _RULE.fullmatch(ln.strip())]
         return lines[0] if lines else ""
 
     def __str__(self) -> str:

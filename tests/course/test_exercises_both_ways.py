@@ -21,6 +21,9 @@ the name the learner edits, or the learner's edit spelled out), with the earlier
 read names from, in one kernel emptied before each notebook. A check right after the exercise
 cells asserts that the solved exercise passes its checker (the edit is a solution, not a no-op);
 then no cell may raise.
+
+Wrong answers too (issue 47): a checker that passes a wrong answer teaches it. ANSWERS writes
+named answers into an exercise, right and wrong, and the checker's verdict must tell them apart.
 """
 from __future__ import annotations
 
@@ -295,3 +298,73 @@ def test_solved_no_cell_raises(stem, kernel):
             trace = re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(content.get("traceback", [])))
             pytest.fail(f"{path.name}, exercise solved: {where} raised "
                         f"{content.get('ename')}: {content.get('evalue')}\n{trace[-3000:]}")
+
+
+# --- Right and wrong answers: a checker that cannot fail a wrong answer is a defect ------------
+
+@dataclass(frozen=True)
+class Answer:
+    """One answer to a notebook's exercise, written into its cells as `Solved` spells an edit
+    (its `check` unused), and whether the checker must pass it."""
+
+    name: str
+    passes: bool
+    solved: Solved
+
+
+_L19_START = ("    squares = [local(p.grad).pow(2).sum() for p in params]  # plain tensors: a shard, "
+              "or the whole\n"
+              "    return float(torch.stack(squares).sum().sqrt())  # <- this rank's only\n")
+_L19_VERDICT = ('try_fix(lesson.scenario("clip_local_norm"), norm=my_norm)',
+                'verdict = try_fix(lesson.scenario("clip_local_norm"), norm=my_norm)')
+
+# Issue 47: lesson 19's checker passed two wrong norms (it checked only that the ranks agree), and
+# the answer its text asked for failed (down.bias, a Replicate DTensor, met `+=` on a plain tensor).
+ANSWERS = {
+    "19_drift_nobody_reports": (
+        Answer("as the text asks: the shards' squares all-reduced, the whole ones added with +=",
+               True, Solved("", edits=((_L19_START, (
+                   "    total = torch.zeros((), dtype=torch.float64)\n"
+                   "    for p in params:\n"
+                   "        if is_sharded(p.grad):\n"
+                   "            total += local(p.grad).pow(2).sum()\n"
+                   "    dist.all_reduce(total)\n"
+                   "    for p in params:\n"
+                   "        if not is_sharded(p.grad):\n"
+                   "            total += local(p.grad).pow(2).sum()\n"
+                   "    return float(total.sqrt())\n")), _L19_VERDICT))),
+        Answer("the solution", True, Solved("", defs=("my_norm",), edits=(_L19_VERDICT,))),
+        Answer("every square all-reduced: the whole gradients counted once per rank", False,
+               Solved("", edits=((_L19_START, (
+                   "    total = torch.stack([local(p.grad).pow(2).sum() for p in params]).sum()\n"
+                   "    dist.all_reduce(total)\n"
+                   "    return float(total.sqrt())\n")), _L19_VERDICT))),
+        Answer("the mean of the ranks' own norms", False, Solved("", edits=((_L19_START, (
+                   "    norm = torch.stack([local(p.grad).pow(2).sum() for p in params])"
+                   ".sum().sqrt()\n"
+                   "    dist.all_reduce(norm)\n"
+                   "    return float(norm / dist.get_world_size())\n")), _L19_VERDICT))),
+    ),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("stem", "answer"),
+                         [(stem, a) for stem, answers in ANSWERS.items() for a in answers],
+                         ids=lambda x: x if isinstance(x, str) else x.name.split(":")[0])
+def test_the_checker_passes_right_answers_and_fails_wrong_ones(stem, answer, kernel):
+    """Each answer written into the exercise cells (with the cells they read names from), run in
+    the kernel: the checker's `verdict` must pass the right answers and fail the wrong ones."""
+    path = REPO / "notebooks" / f"{stem}.ipynb"
+    nb = nbformat.read(path, as_version=4)
+    sources = solved_exercise(nb, answer.solved)
+    assert execute(kernel, "%reset -f")["status"] == "ok"
+    for index in plan(nb).cells_to_run():
+        content = execute(kernel, sources.get(index, nb.cells[index].source))
+        assert content["status"] == "ok", (
+            f"{path.name}, {answer.name}: cell {index} raised {content.get('ename')}: "
+            f"{content.get('evalue')}")
+    verdict = execute(kernel, f"assert verdict.passed is {answer.passes}, repr(verdict)")
+    assert verdict["status"] == "ok", (
+        f"{path.name}: the checker {'failed' if answer.passes else 'passed'} "
+        f"{answer.name!r}: {verdict.get('evalue')}")

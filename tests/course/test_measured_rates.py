@@ -35,3 +35,25 @@ def test_rates_are_declared_only_for_releases_other_than_the_pinned_one():
                 for which in ("broken", "fixed") for m in s.variant(which).measured]
     assert declared, "06/debug_detail's crash on torch 2.14 carries a measured rate"
     assert not [d for d in declared if d[2].applies_to(pinned)], declared
+
+
+def test_in_tour_counts_where_ci_meets_the_scenario(monkeypatch):
+    """`tools/measure_rate.py --in-tour`: every lesson's prepare() first, then every scenario
+    before this one, as the tour runs them (issue 47: 06/debug_detail held alone and not there)."""
+    import importlib.util
+    from types import SimpleNamespace
+
+    from conftest import REPO
+    from ddp_lab.course import registry, tour
+
+    spec = importlib.util.spec_from_file_location("measure_rate", REPO / "tools" / "measure_rate.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    done = []
+    fake = {lid: SimpleNamespace(prepare=lambda lid=lid: done.append(f"prepare {lid}"),
+                                 scenarios=[SimpleNamespace(key=f"{lid}/{n}") for n in "ab"])
+            for lid in ("00", "01", "02")}
+    monkeypatch.setattr(registry, "lessons", lambda: fake)
+    monkeypatch.setattr(tour, "run_scenario", lambda s: done.append(s.key))
+    assert tool.tour_before(SimpleNamespace(key="01/b")) == 3
+    assert done == ["prepare 00", "prepare 01", "prepare 02", "00/a", "00/b", "01/a"]

@@ -1,11 +1,11 @@
-"""The bf16 tables check (doctor/precision.py): under FSDP2's bf16 policy a rotary table built
+"""The bf16 tables check (doctor/exam/precision.py): under FSDP2's bf16 policy a rotary table built
 in the input's dtype is reported with its measured error against float32; built in float32, it
 is not."""
 import torch
 from torch import nn
 
 from ddp_lab.doctor import doctor
-from ddp_lab.doctor.precision import TOLERANCE
+from ddp_lab.doctor.exam.precision import TOLERANCE
 
 T = 2048  # positions: bf16 counts integers exactly only up to 256
 

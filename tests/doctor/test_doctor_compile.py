@@ -1,7 +1,7 @@
-"""The doctor's compile settings (doctor/compiled.py: `compile=True`, `compile={...}`,
+"""The doctor's compile settings (doctor/exam/compile_run.py: `compile=True`, `compile={...}`,
 `--compile` and `--compile-*`): what the user's settings become, the note that says how the doctor
 compiled and what it did not exercise, and the CLI flags. The findings themselves are the registry
-check's: tests/doctor/checks/test_compile_settings.py."""
+check's: tests/doctor/checks/test_compiled_doctor.py."""
 from __future__ import annotations
 
 import argparse
@@ -11,7 +11,7 @@ import torch._inductor.config as inductor_config
 
 from ddp_lab.doctor import DoctorInputError, doctor
 from ddp_lab.doctor.cli import _compile, configure
-from ddp_lab.doctor.compiled import cpp_compiler, note, settings_of
+from ddp_lab.doctor.exam.compile_run import cpp_compiler, note, settings_of
 from ddp_lab.lessons import l15_compile as l15
 
 pytestmark = pytest.mark.usefixtures("no_leftovers")

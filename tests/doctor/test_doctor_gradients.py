@@ -180,7 +180,7 @@ def test_every_checkpoint_is_watched_once_on_this_torch(reentrant):
     import torch
     from torch.utils.checkpoint import checkpoint
 
-    from ddp_lab.doctor.regions import watch_checkpoints
+    from ddp_lab.doctor.exam.regions import watch_checkpoints
 
     calls = []
     x = torch.randn(4, 3, requires_grad=True)

@@ -1,4 +1,4 @@
-"""The doctor's randomness checks (ddp_lab/doctor/randomness.py, lesson 14): each rank's torch,
+"""The doctor's randomness checks (ddp_lab/doctor/exam/randomness.py, lesson 14): each rank's torch,
 Python `random` and NumPy seeded as a training script seeds them; random draws in forward that
 are identical on every rank; Python's `random` or NumPy used in forward or while building."""
 import random
@@ -11,7 +11,7 @@ from torch import nn
 
 import ddp_lab
 from ddp_lab.doctor import doctor
-from ddp_lab.doctor.randomness import (fingerprint, random_findings, watch_global_generators,
+from ddp_lab.doctor.exam.randomness import (fingerprint, random_findings, watch_global_generators,
                                        watch_randomness)
 from ddp_lab.doctor.sync import records
 

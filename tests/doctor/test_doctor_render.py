@@ -10,7 +10,8 @@ from torch import nn
 
 import ddp_lab
 from ddp_lab.doctor import Finding, Report, doctor
-from ddp_lab.doctor import dynamic, sync, trace
+from ddp_lab.doctor import sync
+from ddp_lab.doctor.exam import dynamic, trace
 from ddp_lab.doctor.loader import load_target
 from ddp_lab.instruments import probes
 from ddp_lab.launching.frames import place

@@ -1,4 +1,4 @@
-"""The doctor's `strategy` option (doctor/sharded.py): a tie registered in two FSDP2 units,
+"""The doctor's `strategy` option (doctor/exam/sharded.py): a tie registered in two FSDP2 units,
 frozen and trainable parameters in one unit, bad input. The lesson-12 ModuleCases (a weight
 read by a second unit, a norm read outside its unit) are checked by test_doctor_registry."""
 import argparse

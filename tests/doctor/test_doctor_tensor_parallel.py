@@ -1,4 +1,4 @@
-"""The doctor's `strategy="tp"` (doctor/tensor_parallel.py): the plan it traces when asked
+"""The doctor's `strategy="tp"` (doctor/exam/tensor_parallel.py, tp_plan.py): the plan it traces when asked
 (tp_plan="traced"), a user's plan and parallelize function from Python and from the command
 line, no plan at all, and bad input. The lesson-16 ModuleCases
 (every lesson-16 module, broken and fixed) are checked by test_doctor_registry."""
@@ -10,7 +10,7 @@ from torch import nn
 
 from ddp_lab.doctor import DoctorInputError, doctor
 from ddp_lab.doctor.cli import main
-from ddp_lab.doctor.tensor_parallel import default_plan
+from ddp_lab.doctor.exam.tp_plan import default_plan
 from ddp_lab.lessons.l16_tensor_parallel_and_checkpoints import modules as m
 
 

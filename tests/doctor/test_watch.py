@@ -9,7 +9,7 @@ import torch
 
 from ddp_lab.doctor.loader import load_file
 from ddp_lab.doctor.watch import WatchInputError, watch
-from ddp_lab.doctor.watch.cli import configure
+from ddp_lab.doctor.watch.command import configure
 from ddp_lab.instruments.deepspeed_ops import is_built
 
 ex = load_file(str(Path(__file__).parents[2] / "examples" / "watch_train.py"))

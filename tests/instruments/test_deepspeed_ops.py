@@ -1,6 +1,7 @@
 """DeepSpeed's C++ op is built once, explicitly (`ddp-lab build-ops`), never inside a rank:
 a rank finds it unbuilt or blocked by a dead build's lock and says so at once; a dead build's
-lock is told from a live build's and removed; a missing compiler is named. Every test points
+lock is told from a live build's and removed; a missing compiler is named; each environment has
+its folder, and an op ninja would rebuild is refused in the rank too. Every test points
 TORCH_EXTENSIONS_DIR at a temporary folder: the machine's own build is never touched.
 
 The lock differs by torch: up to 2.13 its existence blocks (a baton, which a killed build leaves
@@ -8,10 +9,12 @@ behind); from 2.14 torch holds an OS advisory lock on it, and the file stays by 
 tests of each kind skip, saying so, on a torch of the other kind."""
 import fcntl
 import os
+import re
 import subprocess
 import sys
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -21,9 +24,10 @@ from ddp_lab.lessons import l12_sharded_modules as l12
 
 @pytest.fixture
 def ext_dir(tmp_path, monkeypatch):
+    """The op's folder under a TORCH_EXTENSIONS_DIR of the test's own."""
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
-    folder = tmp_path / ops.NAME
-    folder.mkdir()
+    folder = ops.build_dir()
+    folder.mkdir(parents=True)
     return folder
 
 
@@ -51,18 +55,59 @@ def _old_lock(folder, age=120):
     return lock
 
 
-def test_build_dir_honours_torch_extensions_dir(ext_dir):
-    assert ops.build_dir() == ext_dir and not ops.is_built()
+def test_build_dir_honours_torch_extensions_dir(ext_dir, tmp_path):
+    assert ext_dir.parent.parent == tmp_path and ext_dir.name == ops.NAME and not ops.is_built()
+    assert re.fullmatch(r"py3\d+\w*_(cpu|cu\d+)-[0-9a-f]{10}", ext_dir.parent.name), ext_dir
 
 
-def test_a_rank_refuses_to_compile_the_op_and_says_what_to_run(ext_dir):
-    """A real ZeRO-3 launch with the op unbuilt: an error naming the command, not a timeout."""
+def test_each_environment_torch_and_deepspeed_gets_a_folder_of_its_own(monkeypatch):
+    """Issue 47: two environments with one torch shared torch's default folder, and each
+    rewrote the other's build.ninja (its paths), so ninja rebuilt the op in the next rank."""
+    monkeypatch.delenv("TORCH_EXTENSIONS_DIR", raising=False)
+    here = ops.build_dir()
+    assert here.parent.parent == Path(sys.prefix) / "torch_extensions"
+    depends = ops._depends_on()
+    for what in ("environment", "torch", "deepspeed", "headers", "compiler", "ninja"):
+        monkeypatch.setattr(ops, "_depends_on", lambda: {**depends, what: "another"})
+        assert ops.build_dir() != here, what
+    monkeypatch.setattr(ops, "_depends_on", lambda: dict(depends))
+    assert ops.build_dir() == here
+
+
+def test_a_rank_refuses_to_compile_the_op_and_the_run_says_what_to_run(ext_dir, tmp_path):
+    """A real ZeRO-3 launch with the op unbuilt: every rank refuses at once (no timeout, no
+    lock), and the registry makes it an error of the run, not a scenario's outcome."""
     variant = l12.LESSON.scenario("zero3_penalty").broken
-    run = replace(variant, env={"TORCH_EXTENSIONS_DIR": str(ext_dir.parent)}).run(timeout=60)
-    err = run.root_cause.error
-    assert run.status == "error" and err.type == "OpBuildError"
-    assert "is not built in" in err.message and "ddp-lab build-ops" in err.message
+    with pytest.raises(ops.OpBuildError, match=r"rank \d: .*is not built for this environment.*"
+                                                r"Run `ddp-lab build-ops`"):
+        replace(variant, env={"TORCH_EXTENSIONS_DIR": str(tmp_path)}).run(timeout=60)
     assert not (ext_dir / "lock").exists() and not ops.is_built()
+
+
+def test_the_cli_says_it_as_an_error_of_the_run(ext_dir, tmp_path, capsys):
+    from ddp_lab.cli import main
+
+    assert main(["run", "12", "zero3_penalty", "--variant", "broken"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("ddp-lab: 12/zero3_penalty broken, rank ") and "ddp-lab build-ops" in err
+
+
+def test_an_op_that_ninja_would_rebuild_is_refused_in_the_rank(ext_dir):
+    """Built, then a source newer than the op (DeepSpeed or torch reinstalled in place): torch
+    would run ninja, which rebuilds, inside the rank. The rank refuses; build-ops would rebuild."""
+    source = ext_dir / "src.cpp"
+    source.write_text("")
+    (ext_dir / "build.ninja").write_text(f"rule cp\n  command = cp $in $out\nbuild {ops.NAME}.so: cp src.cpp\n")
+    subprocess.run([ops._ninja(), "-C", str(ext_dir)], check=True, capture_output=True)  # built
+    log = (ext_dir / ".ninja_log").read_bytes()
+    ops.require_built()
+    assert (ext_dir / ".ninja_log").read_bytes() == log  # asked of a copy: the log is untouched
+    assert os.environ["TORCH_EXTENSIONS_DIR"] == str(ext_dir.parent)  # where the rank's torch looks
+    assert ops.build_dir() == ext_dir  # and asked again, the same folder
+    later = time.time() + 60
+    os.utime(source, (later, later))
+    with pytest.raises(ops.OpBuildError, match=r"out of date \(1 build step\(s\) to redo\).*ddp-lab build-ops"):
+        ops.require_built()
 
 
 @BATON

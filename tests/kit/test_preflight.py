@@ -66,9 +66,11 @@ def test_without_a_compiler_or_python_headers_the_check_names_them(tmp_path, mon
 def test_a_killed_build_lock_fails_the_check_where_the_lock_is_a_baton(tmp_path, monkeypatch):
     import os
 
+    from ddp_lab.instruments.deepspeed_ops import build_dir
+
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
-    lock = tmp_path / "deepspeed_shm_comm" / "lock"
-    lock.parent.mkdir()
+    lock = build_dir() / "lock"
+    lock.parent.mkdir(parents=True)
     lock.touch()
     os.utime(lock, (1, 1))  # old, and no process builds there: a dead build's
     result = preflight.deepspeed_op()
@@ -82,12 +84,29 @@ def test_a_killed_build_lock_fails_the_check_where_the_lock_is_a_baton(tmp_path,
 
 
 def test_an_op_that_does_not_load_with_this_torch_is_named(tmp_path, monkeypatch):
+    from ddp_lab.instruments.deepspeed_ops import build_dir
+
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
-    (tmp_path / "deepspeed_shm_comm").mkdir()
-    (tmp_path / "deepspeed_shm_comm" / "deepspeed_shm_comm.so").write_bytes(b"not a shared object")
+    folder = build_dir()
+    folder.mkdir(parents=True)
+    (folder / "deepspeed_shm_comm.so").write_bytes(b"not a shared object")
     result = preflight.deepspeed_op()
     assert not result.ok and "does not load with this torch/Python" in result.detail
-    assert result.fix == f"rm -r {tmp_path / 'deepspeed_shm_comm'} && ddp-lab build-ops"
+    assert result.fix == f"rm -r {folder} && ddp-lab build-ops"
+
+
+def test_an_op_ninja_would_rebuild_fails_the_check(tmp_path, monkeypatch):
+    """Issue 47: an op whose build is out of date would be rebuilt by the first rank to load it."""
+    from ddp_lab.instruments import deepspeed_ops
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    folder = deepspeed_ops.build_dir()
+    folder.mkdir(parents=True)
+    (folder / "deepspeed_shm_comm.so").write_bytes(b"")
+    monkeypatch.setattr(deepspeed_ops, "out_of_date", lambda folder=None: "2 build step(s) to redo")
+    result = preflight.deepspeed_op()
+    assert not result.ok and "out of date (2 build step(s) to redo)" in result.detail
+    assert result.fix.startswith("ddp-lab build-ops")
 
 
 def _utmp(tmp_path, *sessions):

@@ -138,6 +138,19 @@ def test_grandchild_of_a_hung_rank_is_killed_with_it():
     assert not any(alive(p) for p in pids)
 
 
+def test_a_killed_rank_leaves_nothing_in_the_temporary_folder(tmp_path):
+    """A rank's folder lives in the launch's scratch folder (rankinfo.scratch_dir), inside the
+    launcher's own, which the launcher removes after killing the hung ranks (issue 47)."""
+    from temp_entries import temp_folder_of_its_own
+
+    with temp_folder_of_its_own(tmp_path) as env:
+        result = launch(body.make_a_folder_then_hang, timeout=2, env=env)
+    assert result.status == "timeout"
+    folders = [r.stdout.split()[0] for r in result.ranks]
+    assert all(f.startswith(str(tmp_path / "ddp-lab-")) and "/scratch/ddp-lab-body-" in f for f in folders)
+    assert not any(os.path.exists(f) for f in folders)
+
+
 def test_grandchild_of_a_finished_rank_is_killed_too():
     result = launch(body.start_grandchild_and_return, timeout=20)
     assert result.ok
@@ -148,6 +161,14 @@ def test_grandchild_of_a_finished_rank_is_killed_too():
 def test_env_is_set_before_the_function_runs():
     result = launch(body.read_env, "DDP_LAB_TEST", env={"DDP_LAB_TEST": "yes"})
     assert result.values == [{"DDP_LAB_TEST": "yes"}] * 2
+
+
+def test_tmpdir_is_the_ranks_temporary_folder_even_in_a_rank_forked_from_a_warm_server(tmp_path):
+    """A module the fork server preloads may have asked tempfile for its folder already (it
+    caches the answer); the rank asks again, under its own environment."""
+    for _ in range(2):  # the second launch forks from a server that preloaded this module
+        result = launch(body.temporary_folder, env={"TMPDIR": str(tmp_path)})
+        assert result.values == [str(tmp_path)] * 2
 
 
 def test_torch_distributed_debug_takes_effect_in_preloaded_ranks():

@@ -52,3 +52,16 @@ def test_a_stopped_ranks_stack_leaves_out_threads_that_only_run_pythons_library(
     assert "_weakrefset" not in kept
     assert "all_reduce" in kept and "_pin_memory_loop" in kept
     assert without_passing_threads(main) == main
+
+
+def test_a_childfailederror_headlines_its_summary_not_its_frame():
+    """torchrun's ChildFailedError message starts with a rule of "=" (errors/__init__.py:193-202):
+    the headline is the line under it, the summary's title (issue 47)."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+    failures = {r: ProcessFailure(local_rank=r, pid=100 + r, exitcode=2, error_file="<N/A>")
+                for r in (0, 1)}
+    error = ErrorInfo("ChildFailedError", str(ChildFailedError("train.py", failures)))
+    assert error.message.lstrip().startswith("=====")
+    assert str(error) == "ChildFailedError: train.py FAILED"
+    assert ErrorInfo("ValueError", "\n-----\nbad\nmore").first_line == "bad"

@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from datetime import timedelta
 
 import pytest
@@ -76,10 +77,15 @@ def test_an_elastic_restart_restarts_every_rank_and_reruns_what_was_not_saved(ru
     assert set(broken["stale_keys"].values()) == set(fixed["stale_keys"].values()) == {False}
 
 
-def test_torchruns_workers_go_when_the_launcher_stops_the_agents_rank(no_leftovers):
+def test_torchruns_workers_go_when_the_launcher_stops_the_agents_rank(no_leftovers, tmp_path):
     # the launcher kills the rank (and with it torchrun's agent) mid-job; the workers, in sessions
-    # of their own, follow it through PR_SET_PDEATHSIG
-    run = LESSON.scenario("elastic_restart").fixed.run(timeout=1.0, steps=10**6)  # still training
+    # of their own, follow it through PR_SET_PDEATHSIG; the job's folder (made by the killed rank)
+    # goes with the launch's scratch folder (issue 47: it was left in /tmp)
+    from temp_entries import temp_folder_of_its_own
+
+    variant = LESSON.scenario("elastic_restart").fixed
+    with temp_folder_of_its_own(tmp_path) as env:
+        run = replace(variant, env={**variant.env, **env}).run(timeout=1.0, steps=10**6)  # still training
     assert run.status == "timeout", run.describe_failure()
 
 

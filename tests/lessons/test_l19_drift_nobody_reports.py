@@ -84,11 +84,17 @@ def test_watch_sees_the_phase_that_skips_the_wrapper():
 
 def test_clip_factors_differ_by_rank_only_with_the_local_norm(runs):
     local, whole = runs("clip_local_norm", "broken"), runs("clip_local_norm", "fixed")
-    kinds = local.values[0]["kinds"]
+    kinds, placements = local.values[0]["kinds"], local.values[0]["placements"]
     assert kinds["up.weight"] == "DTensor" and kinds["norm.weight"] == "Parameter"
+    # RowwiseParallel leaves down's bias whole: a Replicate DTensor, not a shard
+    # (torch/distributed/tensor/parallel/style.py:266-277), what the exercise's text says
+    assert placements == {"up.weight": "S(0)", "up.bias": "S(0)", "down.weight": "S(1)",
+                          "down.bias": "R"}
     a, b = (v["factors"] for v in local.values)
     assert all(f < 1 for f in a + b) and a != b  # every step clips, by a factor of its own
     assert whole.values[0]["factors"] == whole.values[1]["factors"]
+    for v in whole.values:  # the fix's norm is the whole gradient's, computed another way
+        assert all(abs(n - w) <= 1e-9 * w for n, w in zip(v["norms"], v["whole_norms"]))
     mixed = runs("clip_mixed_dtensor", "broken")
     assert "_foreach_norm" in mixed.ranks[0].error.message
 
@@ -132,7 +138,7 @@ def test_the_picture_has_a_panel_per_scenario_with_labelled_axes(runs):
     visible = [ax for ax in fig.axes if ax.get_visible()]
     assert len(visible) == 6
     for ax in visible:
-        assert ax.get_xlabel() == "step" and ax.get_ylabel() and ax.get_title()
+        assert ax.get_xlabel() == "step (counted from 1)" and ax.get_ylabel() and ax.get_title()
         assert ax.get_lines()
 
 

@@ -2,7 +2,7 @@
 findings at the user's save or load line."""
 from __future__ import annotations
 
-from ..report import Finding
+from .api import Finding
 
 WRAPPERS = (("module.", "DDP"), ("_orig_mod.", "torch.compile"))  # the prefixes they add
 
@@ -16,10 +16,20 @@ def _first(ev, key):
     return seen
 
 
+def _reloaded_by_wrapper(ev, item) -> str:
+    """Where the script itself loads the file into the wrapper that saved it ("" if nowhere)."""
+    for rec in ev.ranks:
+        for r in rec.get("reloaded", []) or []:
+            if item.get("path") and r["path"] == item["path"] and r["into"] == "wrapper":
+                return r["where"]
+    return ""
+
+
 def judge_saves(ev) -> list[Finding]:
     out = []
     for where, items in _first(ev, "saved").items():
-        bad = [(r, i) for r, i in items if not i.get("ok")]
+        bad = [(r, i) for r, i in items if not i.get("ok")
+               and not (i.get("stripped_ok") and _reloaded_by_wrapper(ev, i))]
         if not bad:
             continue
         rank, item = bad[0]
@@ -29,6 +39,10 @@ def judge_saves(ev) -> list[Finding]:
         else:
             evidence = [f"rank {rank}: {item['differs']} reloads off by {item['off']:.3g} from "
                         "the model's value when it was saved"]
+        if item.get("how"):
+            evidence.append(f"read back with {item['how']}")
+        if item.get("saved_at") and item["saved_at"] != where:
+            evidence.append(f"this state_dict() gives the keys; the file is written at {item['saved_at']}")
         if item.get("prefix"):
             by = [who for name, who in WRAPPERS if name in item["prefix"]]
             evidence.append(f"the saved keys start with {item['prefix']!r}"

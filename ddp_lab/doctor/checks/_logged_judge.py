@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import math
 
-from ..report import Finding
+from ._logged_claims import claims, settle
+from ._logged_padding import judge_padding
+from ._logged_scale import judge_mass
+from .api import KEEP, Finding
 
 REL = 2e-5  # a logged value equals a formula up to float32 rounding of the script's own sums
 APART = 1e-3  # a wrong formula is only evidence when it differs from the true value this much
@@ -46,8 +49,6 @@ def _apart(a, b):
 def _complete(events):
     """The records of the steps recorded whole: when the core's cap (KEEP items a key) cut the
     list, its last step may lack micro-batches, and a part of a step is not judged."""
-    from ..watch.context import KEEP
-
     if len(events) < KEEP:
         return events
     last = max(e["s"] for e in events)
@@ -79,14 +80,15 @@ def _micro(events):
 
 
 def _evals(events):
-    """{step: [(loss, count), ...]} of the losses computed without gradient (an evaluation),
-    for the steps where every such loss is a mean."""
+    """{step: [(mean, count), ...]} of the losses computed without gradient (an evaluation),
+    for the steps where every such loss is a mean or a sum (its mean: sum / count)."""
     out = {}
     for e in events:
         if e["fn"] != "backward" and not e["grad"]:
             out.setdefault(e["s"], []).append(e)
-    return {s: [(e["v"], e["n"]) for e in es] for s, es in out.items()
-            if all(e["red"] == "mean" and e["n"] > 0 for e in es)}
+    return {s: [(e["v"] / e["n"] if e["red"] == "sum" else e["v"], e["n"]) for e in es]
+            for s, es in out.items()
+            if all(e["red"] in ("mean", "sum") and e.get("n", 0) > 0 for e in es)}
 
 
 def _formulas(per_rank, out, accumulation=True):
@@ -114,12 +116,13 @@ def _formulas(per_rank, out, accumulation=True):
                        (sum(last) / len(last) / k, "wrong", "last", f"k = {k}")]
         for r in out:
             mine = [(own[r], "own", "", counts), (mean[r], "own", "", counts)]
-            if k > 1:
-                mine += [(own[r] / k, "wrong", "accumulation", f"k = {k} micro-batches"),
-                         (micro[r][-1][0], "wrong", "last", f"k = {k} micro-batches"),
-                         (micro[r][-1][0] / k, "wrong", "last", f"k = {k} micro-batches")]
+            if k > 1:  # this rank's own numbers: wrong only where the script claims a global one
+                mine += [(own[r] / k, "local", "accumulation", f"k = {k} micro-batches"),
+                         (micro[r][-1][0], "local", "last", f"k = {k} micro-batches"),
+                         (micro[r][-1][0] / k, "local", "last", f"k = {k} micro-batches")]
             out[r].setdefault(s, []).extend(
-                f + (true,) for f in shared + mine if f[1] != "wrong" or _apart(f[0], true))
+                f + (true,) for f in shared + mine if f[1] not in ("wrong", "local")
+                or _apart(f[0], true))
 
 
 def _norm_formulas(ev, out):
@@ -223,22 +226,24 @@ def _verdicts(ev, formulas, micro=()):
 
 def judge(ev):
     formulas = {r: {} for r in range(len(ev.ranks))}
+    found, micro = [], []
     if ev.ranks:
         train = [_complete(r.get("logged.train", [])) for r in ev.ranks]
         micro = [_micro(t) for t in train]
         _formulas(micro, formulas)
+        settle(formulas, claims(ev, micro))
         _formulas([_evals(t) for t in train], formulas, False)
+        found += judge_mass(ev, train) + judge_padding(ev)
     _norm_formulas(ev, formulas)
     _fraction_formulas(ev, formulas)
-    found = []
-    for line, seen in _verdicts(ev, formulas, micro if ev.ranks else ()).items():
+    for line, seen in _verdicts(ev, formulas, micro).items():
         kinds = {k for k, *_ in seen}
         if "true" in kinds:
             continue  # the line logs the true value at some step: a match elsewhere is chance
         if "wrong" in kinds:
             found.append(_finding("warning", line, [x for x in seen if x[0] == "wrong"]))
         elif "own" in kinds and not any(f.code == "logged-value-one-rank" for f in found):
-            found.append(_finding("info", line, seen))
+            found.append(_finding("info", line, [x for x in seen if x[0] == "own"]))
     return found
 
 
@@ -246,9 +251,10 @@ def _finding(severity, line, seen):
     kind, why, rank, step, v, _, text, true = seen[0]
     steps = sorted({x[3] for x in seen})
     if severity == "info":
+        what = "last micro-batch's loss" if why == "last" else "loss"
         return Finding(
             "info", "logged-value-one-rank", "14",
-            f"rank {rank} logs its own loss, not the loss over all ranks' data",
+            f"rank {rank} logs its own {what}, not the loss over all ranks' data",
             [f"rank {rank} logs {v:.6g} at step {step}; over all ranks' data it is {true:.6g} "
              f"({text})", "a note: every rank trains on the global gradient all the same; the "
                           "logged number is one rank's sample of the loss"],

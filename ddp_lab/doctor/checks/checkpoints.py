@@ -5,9 +5,12 @@ Rank side (all without a collective: the training group is the user's):
 - torch.save / torch.serialization.save: when the object saved holds a state dict of a watched
   model (its keys, maybe under "model"/"state_dict"/..., maybe with a prefix such as DDP's
   "module." or torch.compile's "_orig_mod."), the file is loaded back (torch.load, weights_only
-  as torch.load's default) into a copy of the plain module: PyTorch's own load_state_dict message.
-  A file whose only fault is a wrapper's prefix (it loads once the prefix is off) is a warning:
-  the same wrapper resumes from it; shards (FSDP2's model.state_dict()) are an error.
+  as the script's own torch.load of it, else torch.load's default, and weights_only=False for
+  the file the script wrote when the default refuses an object in it) into a copy of the plain
+  module: PyTorch's own load_state_dict message.
+  A file whose only fault is a wrapper's prefix (it loads once the prefix is off) is a warning,
+  named at the wrapper's state_dict() call that gave the keys, and none when the script itself
+  loads the file back into that wrapper; shards (FSDP2's model.state_dict()) are an error.
 - nn.Module.load_state_dict(strict=False) called from the script that matches none of the
   module's keys: nothing loaded, nothing said.
 - dcp.save: this rank's plain tensors (not DTensors) are read back from the files with
@@ -26,11 +29,12 @@ from __future__ import annotations
 import os
 import sys
 
-from . import Check
 from ._checkpoints_dcp import attach_dcp
 from ._checkpoints_judge import judge
+from ._checkpoints_loads import Loads, path_of, reload, watch_state_dicts
 from ._checkpoints_state import (at, first_difference, fresh_copy, is_dtensor, match, oneline,
                                  plain_module, same_storage, tensor_dicts)
+from .api import Check
 
 
 # --- torch.save ---------------------------------------------------------------------------------
@@ -38,7 +42,7 @@ from ._checkpoints_state import (at, first_difference, fresh_copy, is_dtensor, m
 RELOADS_PER_LINE = 2  # a save line in the loop (every N steps) is reloaded the first times only
 
 
-def reload_saved(ctx, obj, f, done: dict) -> None:
+def reload_saved(ctx, obj, f, done: dict, loads: Loads) -> None:
     """After torch.save(obj, f): each watched model's state in `obj` reloads from `f`."""
     if not isinstance(f, (str, os.PathLike)) or not ctx.models:
         return
@@ -53,19 +57,22 @@ def reload_saved(ctx, obj, f, done: dict) -> None:
             if prefix is None:
                 continue
             done[where] = done.get(where, 0) + 1
-            item = {"where": where, "file": os.path.basename(str(f)),
-                    "kind": w.kind, "prefix": prefix}
+            # a wrapper's prefix comes from the state_dict() call that made the dict: its line
+            line = loads.recall(loads.lines, d) if prefix else None
+            item = {"where": line or where, "saved_at": where, "file": os.path.basename(str(f)),
+                    "path": path_of(f), "kind": w.kind, "prefix": prefix}
             item.update(reload_one(plain, d, path, f, any(is_dtensor(v) for v in d.values()),
-                                   prefix))
+                                   prefix, loads))
             ctx.add("saved", item)
             return
 
 
-def reload_one(plain, saved: dict, path, f, sharded: bool, prefix: str = "") -> dict:
+def reload_one(plain, saved: dict, path, f, sharded: bool, prefix: str = "", loads=None) -> dict:
     import torch
 
     try:
-        state = at(torch.load(f, map_location="cpu"), path)  # weights_only: torch.load's default
+        whole, how = reload(loads, f, torch)
+        state = at(whole, path)
     except Exception as exc:  # noqa: BLE001 - PyTorch's own message is the evidence
         return {"error": f"torch.load: {type(exc).__name__}: {oneline(exc)}",
                 "sharded": sharded}
@@ -73,13 +80,13 @@ def reload_one(plain, saved: dict, path, f, sharded: bool, prefix: str = "") -> 
     try:
         fresh.load_state_dict(state)
     except Exception as exc:  # noqa: BLE001
-        return {"error": f"{type(exc).__name__}: {oneline(exc)}", "sharded": sharded,
+        return {"error": f"{type(exc).__name__}: {oneline(exc)}", "sharded": sharded, "how": how,
                 "stripped_ok": bool(prefix) and loads_stripped(plain, state, prefix)}
     if any(same_storage(v, t) for v, t in zip(saved.values(), plain.state_dict().values())):
         diff = first_difference(fresh.state_dict(), plain.state_dict())
         if diff:
-            return {"differs": diff[0], "off": diff[1]}
-    return {"ok": True}
+            return {"differs": diff[0], "off": diff[1], "how": how}
+    return {"ok": True, "how": how}
 
 
 def loads_stripped(plain, state: dict, prefix: str) -> bool:
@@ -99,17 +106,24 @@ def attach(ctx) -> None:
     import torch
     import torch.serialization
 
-    save = torch.serialization.save
+    save, load = torch.serialization.save, torch.serialization.load
     done: dict = {}
+    loads = Loads(ctx)
 
     def torch_save(obj, f, *args, **kwargs):
         out = save(obj, f, *args, **kwargs)
         if not ctx.checking:
-            ctx.guard(reload_saved)(ctx, obj, f, done)
+            ctx.guard(reload_saved)(ctx, obj, f, done, loads)
         return out
 
-    torch.save = torch_save
-    torch.serialization.save = torch_save
+    def torch_load(f, *args, **kwargs):
+        out = load(f, *args, **kwargs)
+        if not ctx.checking:
+            ctx.guard(loads.loaded)(out, f, kwargs, sys._getframe(1))
+        return out
+
+    torch.save = torch.serialization.save = torch_save
+    torch.load = torch.serialization.load = torch_load
     load_state_dict = torch.nn.Module.load_state_dict
 
     def module_load_state_dict(self, state_dict, *args, **kwargs):
@@ -117,10 +131,22 @@ def attach(ctx) -> None:
         if not ctx.checking and ctx.is_user_file(sys._getframe(1).f_code.co_filename):
             strict = kwargs.get("strict", args[0] if args else True)
             ctx.guard(loaded_nothing)(ctx, self, state_dict, out, strict)
+            ctx.guard(loaded_into)(ctx, loads, self, state_dict, strict)
         return out
 
     torch.nn.Module.load_state_dict = module_load_state_dict
+    ctx.on_model(lambda ctx, w: watch_state_dicts(ctx, loads, w))
     attach_dcp(ctx)
+
+
+def loaded_into(ctx, loads: Loads, module, state_dict, strict) -> None:
+    """A strict load_state_dict from the user's code that loaded a file: into a wrapper (its
+    own prefixed keys) or a plain module. A file only the same wrapper reloads is right when
+    that is how the script reloads it."""
+    path = loads.recall(loads.origins, state_dict)
+    if path is not None and strict:
+        wrapper = any(w.wrapper is module and w.kind in ("ddp", "compiled") for w in ctx.models)
+        ctx.add("reloaded", {"path": path, "where": ctx.user_line(), "into": "wrapper" if wrapper else "module"})
 
 
 def loaded_nothing(ctx, module, state_dict, out, strict) -> None:
@@ -139,7 +165,8 @@ def loaded_nothing(ctx, module, state_dict, out, strict) -> None:
 
 CHECK = Check(
     name="checkpoints",
-    mechanism="checkpoints the script writes reload into a plain model (torch.save and DCP)",
+    mechanism="checkpoints the script writes reload into a plain model, read as the script "
+              "reads them (torch.save and DCP)",
     lesson="09",
     codes={"checkpoint-does-not-reload": "error", "dcp-values-lost": "error",
            "dcp-load-into-copy": "error"},
@@ -149,4 +176,7 @@ CHECK = Check(
            "a torch.save line is reloaded its first 2 times only",
            "a saved state whose tensors are not the model's own (an EMA, a snapshot) is reloaded, "
            "its values are not compared with the model's",
-           "load_state_dict(strict=False) is judged only when the script calls it itself"))
+           "load_state_dict(strict=False) is judged only when the script calls it itself",
+           "a file with a wrapper's prefix is right when the script loads it back into that "
+           "wrapper in the same run; a reload uses the script's own torch.load arguments, else "
+           "weights_only=False for a file the default refuses (the script wrote it)"))

@@ -8,25 +8,25 @@ cross_entropy the targets not equal to ignore_index), every backward's value, th
 Python numbers (`item`, `float`, `tolist`, a tensor in an f-string) on a line that logs them
 (print, logger.info, wandb.log, ...). In the parent: the true value of a step's loss is
 sum(loss x count) / sum(count) over ranks and micro-batches; a logged value equal to a known
-wrong formula while the true value differs is a warning, a rank's own loss is a note. A value
-that matches no formula, or a step we cannot read (two losses per backward, a sum reduction), is
-left alone: a false alarm is worse than a miss.
+wrong formula while the true value differs is a warning; a rank's own loss is a note, and so is
+its own last micro-batch's unless the script reduces that step's loss across ranks itself (then
+it claims a global number and shows another). A value that matches no formula, or a step we
+cannot read (two losses per backward, a sum reduction), is left alone: a false alarm is worse
+than a miss. Two parts judge what is not a logged number: _logged_scale.py (the loss backward()
+runs on, divided by the world size under a wrapper that averages) and _logged_padding.py
+(reductions over all_gather'ed rows that count the padding).
 """
 from __future__ import annotations
 
-import ast
-import builtins
 import inspect
-import linecache
 import math
 import sys
 
-from . import Check
 from ._logged_judge import judge
-
-LOGGERS = {"print", "info", "debug", "warning", "log", "add_scalar", "add_scalars", "write",
-           "set_postfix", "set_description", "log_metrics", "log_dict", "pprint"}
-FORMATTERS = {"str", "float", "round", "format", "dict", "list", "tuple", "repr"}
+from ._logged_lines import logged_how
+from ._logged_padding import Padding, padding_functions, wrap_gathers
+from ._logged_scale import Scaling, averaging, scale_functions
+from .api import Check
 CLASS_LOSSES = ("cross_entropy", "nll_loss")
 ELEMENT_LOSSES = ("mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "binary_cross_entropy",
                   "binary_cross_entropy_with_logits")
@@ -39,10 +39,11 @@ def attach(ctx):
     import torch.nn.functional as F
 
     state = {"rows": 0, "reduces": 0}
+    scaling = Scaling(ctx, scale_functions())
     losses = [getattr(F, n) for n in CLASS_LOSSES + ELEMENT_LOSSES]
-    ctx.on_torch_function(losses, lambda f, a, k, out: _on_loss(ctx, f, a, k, out))
+    ctx.on_torch_function(losses, lambda f, a, k, out: _on_loss(ctx, f, a, k, out, scaling))
     ctx.on_torch_function([torch.Tensor.backward, torch.autograd.backward],
-                          lambda f, a, k, out: _on_backward(ctx, a))
+                          lambda f, a, k, out: _on_backward(ctx, a, scaling))
     ctx.on_torch_function([torch.Tensor.item, torch.Tensor.__float__, torch.Tensor.__format__,
                            torch.Tensor.tolist], lambda f, a, k, out: _on_number(ctx, f, a, out))
     clip, reduce_ = torch.nn.utils.clip_grad_norm_, dist.all_reduce
@@ -62,16 +63,25 @@ def attach(ctx):
         return out
 
     torch.nn.utils.clip_grad_norm_, dist.all_reduce = clip_grad_norm_, all_reduce
+    padding = Padding(ctx, padding_functions())
+    wrapped = wrap_gathers(ctx, dist, padding)
+    ctx.on_step_end(padding.stop)
     ctx.on_model(lambda c, w: _count_rows(c, w, state))
     ctx.on_step_end(lambda c: state.update(rows=0))
     ctx.on_step_end(_norm_at_step_end)
+    ctx.on_step_end(scaling.stop)
+    ctx.on_step_end(lambda c: c.step == 0 and c.emit("logged.wrappers", averaging(c)))
 
     def undo(c):  # only what is still ours: a check that wrapped after us keeps its own
         if torch.nn.utils.clip_grad_norm_ is clip_grad_norm_:
             torch.nn.utils.clip_grad_norm_ = clip
         if dist.all_reduce is all_reduce:
             dist.all_reduce = reduce_
+        for name, (mine, theirs) in wrapped.items():
+            if getattr(dist, name) is mine:
+                setattr(dist, name, theirs)
     ctx.on_finish(undo)
+
 
 
 def _small(tensor, most=8):
@@ -82,17 +92,25 @@ def _small(tensor, most=8):
     return [float(x) for x in t.detach().reshape(-1).tolist()]
 
 
-def _on_loss(ctx, func, args, kwargs, out):
+_SIGNATURES: dict = {}
+
+
+def _on_loss(ctx, func, args, kwargs, out, scaling):
     if type(out).__name__ != "Tensor" or out.numel() != 1:
         return
-    b = inspect.signature(func).bind(*args, **kwargs).arguments
+    if func not in _SIGNATURES:
+        _SIGNATURES[func] = inspect.signature(func)
+    b = _SIGNATURES[func].bind(*args, **kwargs).arguments
     rec = {"s": ctx.step, "fn": func.__name__, "v": float(out.detach()),
            "grad": bool(out.requires_grad), "red": b.get("reduction", "mean")}
-    if b.get("size_average") is not None or b.get("reduce") is not None or rec["red"] != "mean":
+    if b.get("size_average") is not None or b.get("reduce") is not None or rec["red"] not in (
+            "mean", "sum"):
         rec["red"] = "other"
     else:
         rec["n"] = _count(func.__name__, b)
     ctx.add("logged.train", rec)
+    if rec["grad"]:
+        scaling.start(out)
 
 
 def _count(name, b) -> float:
@@ -111,12 +129,15 @@ def _count(name, b) -> float:
     return float(w[y[valid]].sum()) if w is not None else float(valid.sum())
 
 
-def _on_backward(ctx, args):
+def _on_backward(ctx, args, scaling):
     t = args[0] if args else None
     if isinstance(t, (list, tuple)):
         t = t[0] if len(t) == 1 else None
     if t is not None and hasattr(t, "numel") and t.numel() == 1:
-        ctx.add("logged.train", {"s": ctx.step, "fn": "backward", "v": float(t.detach())})
+        ctx.add("logged.train", {"s": ctx.step, "fn": "backward", "v": float(t.detach()),
+                                 **scaling.finish(t)})
+    else:
+        scaling.stop()
 
 
 def _shard_norm(parameters):
@@ -209,7 +230,7 @@ def _on_number(ctx, func, args, out):
     t = args[0] if args else None
     if frame is None or t is None or t.numel() > 8:
         return
-    how = _logged_how(frame, func.__name__)
+    how = logged_how(frame, func.__name__)
     if how is None:
         return
     kind, scale = how
@@ -226,117 +247,33 @@ def _on_number(ctx, func, args, out):
     ctx.add("logged.value", {"s": ctx.step, "v": values, "line": ctx.user_line(frame)})
 
 
-_TREES: dict = {}  # file -> its logging calls' nodes and their parents
-_POSITIONS: dict = {}  # code -> (line, end line, column, end column) of each instruction
-
-
-CALLED_AS = {"item": ("item",), "__float__": ("float",), "tolist": ("tolist",),
-             "__format__": ("format", "")}  # the user's expression that ran the conversion
-
-
-def _logged_how(frame, conversion):
-    """("value", scale) when the conversion running in `frame` is shown by a logging call on its
-    line (the number times `scale`: `loss.item() / world_size` logs item/world_size), ("format",
-    1) for a tensor formatted in a logging call; None when the number goes elsewhere, or when
-    the user's expression is not the conversion itself (an item() inside a library function
-    called on a logging line is not what the line shows)."""
-    code = frame.f_code
-    if code not in _POSITIONS:
-        _POSITIONS[code] = list(code.co_positions())
-    pos = _POSITIONS[code][frame.f_lasti // 2]
-    nodes, parents = _tree(frame.f_code.co_filename)
-    node = nodes.get(pos)
-    if node is None or (_name(node) if isinstance(node, ast.Call) else "") not in CALLED_AS.get(
-            conversion, ()):
-        return None
-    kind = "format" if isinstance(node, ast.JoinedStr) or _name(node) == "format" else "value"
-    scale = 1.0
-    while node in parents:
-        up = parents[node]
-        if isinstance(up, ast.Call) and _name(up) in LOGGERS and not _maths(up):
-            return kind, scale
-        if isinstance(up, ast.BinOp) and kind == "value":
-            if isinstance(up.op, ast.Mod) and isinstance(up.left, ast.Constant):
-                pass  # "loss %.4f" % value
-            elif isinstance(up.op, (ast.Mult, ast.Div)):
-                other = up.right if up.left is node else up.left
-                k = _evaluate(other, frame)
-                if k is None or k == 0 or (isinstance(up.op, ast.Div) and up.left is not node):
-                    return None
-                scale = scale * k if isinstance(up.op, ast.Mult) else scale / k
-            else:
-                return None
-        elif isinstance(up, ast.Call) and _name(up) not in FORMATTERS:
-            return None
-        elif not isinstance(up, (ast.Call, ast.FormattedValue, ast.JoinedStr, ast.Dict,
-                                 ast.List, ast.Tuple, ast.keyword, ast.BinOp)):
-            return None
-        node = up
-    return None
-
-
-def _tree(filename):
-    if filename not in _TREES:
-        nodes, parents = {}, {}
-        try:
-            tree = ast.parse("".join(linecache.getlines(filename)))
-        except SyntaxError:
-            tree = ast.Module(body=[], type_ignores=[])
-        for up in ast.walk(tree):
-            for child in ast.iter_child_nodes(up):
-                parents[child] = up
-            if isinstance(up, (ast.Call, ast.JoinedStr)):
-                nodes[(up.lineno, up.end_lineno, up.col_offset, up.end_col_offset)] = up
-        _TREES[filename] = (nodes, parents)
-    return _TREES[filename]
-
-
-def _maths(call):
-    """math.log(x.item()) and its kin: a function named like a logger that is not one."""
-    f = call.func
-    return isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id in (
-        "math", "cmath", "np", "numpy", "torch", "scipy")
-
-
-def _name(call):
-    f = call.func if isinstance(call, ast.Call) else None
-    return f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
-
-
-def _evaluate(node, frame):
-    """A constant, a name or an attribute chain's number in the user's frame (nothing called)."""
-    if isinstance(node, ast.Constant):
-        value = node.value
-    elif isinstance(node, ast.Name):
-        value = frame.f_locals.get(node.id, frame.f_globals.get(node.id, getattr(
-            builtins, node.id, None)))
-    elif isinstance(node, ast.Attribute):
-        owner = _evaluate_object(node.value, frame)
-        value = getattr(owner, node.attr, None)
-    else:
-        return None
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
-def _evaluate_object(node, frame):
-    if isinstance(node, ast.Name):
-        return frame.f_locals.get(node.id, frame.f_globals.get(node.id))
-    if isinstance(node, ast.Attribute):
-        return getattr(_evaluate_object(node.value, frame), node.attr, None)
-    return None
-
-
 # --- parent side: _logged_judge.py (judge) ----------------------------------------------------
 CHECK = Check(
     name="logged",
     mechanism="values the script logs (loss, gradient norm, accuracy) against their global "
-              "value, weighted by each rank's count and accumulation-aware",
+              "value, weighted by each rank's count and accumulation-aware; the loss backward() "
+              "runs on against the criterion's (the update's size against one process's); "
+              "reductions over all_gather'ed rows against the rows the ranks hold (no padding)",
     lesson="14",
-    codes={"logged-value-not-global": "warning", "logged-value-one-rank": "info"},
+    codes={"logged-value-not-global": "warning", "logged-value-one-rank": "info",
+           "loss-divided-by-world-size": "warning", "gathered-padding-counted": "warning"},
     attach=attach, judge=judge, tools=("watch",),
-    tests="tests/doctor/checks/test_logged.py",
+    tests=("tests/doctor/checks/test_logged.py", "tests/doctor/checks/test_logged_scale.py",
+           "tests/doctor/checks/test_logged_padding.py"),
     notes=("a number logged after Python arithmetic on another line (x = loss.item(); "
            "print(x / n)) is not seen: only conversions on the logging line are compared",
-           "a step with two losses for one backward, or a sum reduction, is not judged",
+           "a training step with two losses for one backward, or a sum reduction, is not "
+           "judged (an evaluation's sum is read as a mean over its count)",
            "a value aggregated over several steps is compared with the steps since its line "
-           "last logged (an epoch's mean); a running mean over a sliding window is not"))
+           "last logged (an epoch's mean); a running mean over a sliding window is not",
+           "a rank's own loss (its last micro-batch's) is a note unless the script reduces that "
+           "step's loss across ranks itself",
+           "a loss divided by the world size is read from the line that divides it (a name or "
+           "get_world_size(), never a literal) or from a division by every rank's count of "
+           "terms; a loss made in a function the user's line calls, or scaled by a tensor that "
+           "needs grad, is not judged; gradients also all_reduced by hand are not accounted",
+           "padding is known from the sizes the script gathers before the parts (all_gather "
+           "or all_gather_object); a DistributedSampler's repeated samples are not padding "
+           "here (the samples check's); rows are followed through the common row-keeping ops "
+           "until the step ends, and only sum, mean, nansum, nanmean and count_nonzero over "
+           "them are compared; a metric computed after tolist() or numpy() is not seen"))

@@ -17,10 +17,7 @@ import os
 
 from ...launching.results import SIMULTANEOUS, peer_gone
 from ...launching.sanitize import sanitize
-from ..failures import brief
-from ..report import Finding
-from . import Check
-from .collectives import TIMED_OUT
+from .api import TIMED_OUT, Check, Finding, brief
 
 
 def _errors(ev) -> dict:
@@ -79,5 +76,4 @@ CHECK = Check(
     codes={"script-raised": "error"},
     judge=judge, tools=("watch",),
     tests="tests/doctor/checks/test_raised.py",
-    order=90,
     notes=("an error that only says a peer went away is a consequence, never the root cause",))

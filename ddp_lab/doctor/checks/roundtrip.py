@@ -1,12 +1,18 @@
-"""The checkpoint round trip's check, judged (doctor/roundtrip.py does the saving and loading
-on the ranks, or in this process for DDP's torch.save): what did not come back, by how much,
-and why; `where` is the user's line when it can be found (the line sharding a tensor by hand,
-the state-dict hook's registration, the non-persistent buffer's)."""
+"""The checkpoint round trip's check, judged (the doctor's exam/save_load.py does the saving and
+loading on the ranks, or in this process for DDP's torch.save): what did not come back, by how
+much, and why; `where` is the user's line when it can be found (the line sharding a tensor by
+hand, the state-dict hook's registration, the non-persistent buffer's), read in the parent from
+one bare instance of the module."""
 from __future__ import annotations
 
-from ..report import Finding
-from ..roundtrip import TOLERANCE, sites, user_line
-from . import Check
+import re
+
+from ..userline import line_in_class, line_in_function, site_line
+from .api import Check, Evidence, Finding
+
+TOLERANCE = 1e-6  # absolute: a round trip copies bytes, nothing is recomputed
+HOOK = re.compile(r"(_register_state_dict_hook|register_state_dict_post_hook)\(")
+STORE = re.compile(r"\]\s*=[^=]")  # state_dict[key] = ...: where a hook puts its tensor
 
 DEDUP = ("{names}: plain tensors (not DTensors) whose values differ between ranks; DCP takes a "
          "plain tensor for a replicated one: every rank writes it at the same index "
@@ -86,35 +92,53 @@ def _lost(records, lost, lesson, how, known, placed) -> Finding:
                    evidence + why + [saved_as], fix="; ".join(fix), where=where)
 
 
-def judge_records(records: list[dict], source, where: dict | None = None,
-                  placed: dict | None = None) -> list[Finding]:
-    """The parent's side: one bare instance of the module tells the lines of its hooks and
-    buffers; `placed` (rank 0's {parameter: (file, line, function)}) the lines that split it."""
-    known = sites(source.build())
-    return round_trip_findings(records, known, {n: user_line(*s, where) for n, s in
-                                                (placed or {}).items()})
+def sites(model) -> dict:
+    """What the parent knows about the user's lines: the state-dict hooks ({module name: (the
+    hook's line storing a tensor into the state dict, or "", the line registering it)}) and the
+    lines registering non-persistent buffers."""
+    persistent = set(model.state_dict())
+    return {"hooks": {n: (_hook_store(m), line_in_class(m, HOOK))
+                      for n, m in model.named_modules() if m._state_dict_hooks},
+            "buffers": {n: _buffer_site(model, n) for n, _ in model.named_buffers()
+                        if n not in persistent}}
 
 
-def torch_save_findings(source, example, where: dict | None = None) -> list[Finding]:
-    """Under DDP, in this process: torch.save and load_state_dict (roundtrip.py)."""
-    from ..roundtrip import torch_save_round_trip
+def _hook_store(module) -> str:
+    for hook in module._state_dict_hooks.values():
+        fn = getattr(hook, "func", hook)  # a functools.partial
+        fn = getattr(fn, "__func__", fn)  # a bound method
+        found = line_in_function(fn, STORE)
+        if found:
+            return found
+    return ""
 
+
+def _buffer_site(model, name: str) -> str:
+    """The line registering buffer `name` ("a.b.stats"), found in its module's class."""
+    owner, _, short = name.rpartition(".")
     try:
-        record = torch_save_round_trip(source, example)
-    except Exception as exc:  # e.g. a forward that needs a process group: said, not guessed
+        module = model.get_submodule(owner)
+    except AttributeError:
+        return ""
+    return line_in_class(module, re.compile(r"register_buffer\(\s*['\"]" + re.escape(short) + "['\"]"))
+
+
+def judge(ev: Evidence) -> list[Finding]:
+    """`ev.ranks`: every rank's record holding "round_trip" (one record for DDP's torch.save,
+    in the doctor's process), or "round_trip_error" when it could not run; `ev.subject.source`
+    the module; `ev.where` its code map; rank 0's "placed": {parameter: (file, line, function)}
+    of the lines that split it."""
+    failed = next((r["round_trip_error"] for r in ev.ranks if r and r.get("round_trip_error")), "")
+    if failed:  # e.g. a forward that needs a process group: said, not guessed
         return [Finding("info", "checkpoint-round-trip-not-run", "09", "the checkpoint round "
                         "trip did not run", [f"one step of the module in this process raised "
-                                             f"{type(exc).__name__}: {str(exc)[:200]}"])]
-    return judge_records([record], source, where)
-
-
-def judge(ev) -> list[Finding]:
-    """`ev.ranks`: the ranks' records, each holding "round_trip"; `ev.source` the module."""
-    trips = [r.get("round_trip") for r in ev.ranks if r]
+                                             f"{failed}"])]
+    trips = [(r or {}).get("round_trip") for r in ev.ranks]
     if not trips or not all(trips):
         return []
     placed = (ev.ranks[0] or {}).get("placed", {})
-    return judge_records(trips, ev.source, getattr(ev, "where", None), placed)
+    known = sites(ev.subject.source.build())
+    return round_trip_findings(trips, known, {n: site_line(*s, ev.where) for n, s in placed.items()})
 
 
 CHECK = Check(
@@ -122,6 +146,6 @@ CHECK = Check(
     "torch.distributed.checkpoint split or sharded) and loaded into a fresh module",
     lesson="16", codes={"checkpoint-round-trip-lost": "error",
                                 "checkpoint-round-trip-not-run": "info"}, judge=judge, tools=("doctor",),
-    strategies=("ddp", "fsdp2", "tp"), tests="tests/doctor/checks/test_roundtrip.py",
+    tests="tests/doctor/checks/test_roundtrip.py",
     notes=("the module's state dict only: the optimizer's state, RNG states and the data "
            "position are the training loop's, not the module's",))

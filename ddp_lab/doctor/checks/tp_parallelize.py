@@ -1,8 +1,8 @@
 """The doctor's tensor-parallel check (`strategy="tp"`), judged: the module split as the user
 splits it (`parallelize=fn(model, mesh)`: parallelize_module and whatever they do after it; or
 a plan: `tp_plan`, the module's own `tp_plan`) beside the same module whole, compared over
-doctor/tensor_parallel.py's STEPS SGD steps on the same batch. The ranks' records come from
-doctor/tensor_parallel.py's `probe`; this module turns one rank's record into findings.
+doctor/exam/tensor_parallel.py's STEPS SGD steps on the same batch. The ranks' records come from
+doctor/exam/tensor_parallel.py's `probe`; this module turns one rank's record into findings.
 
 Codes: an op without a DTensor sharding rule, a split that fails, outputs (or, with a plan,
 gradients paired by name) that differ from the module whole, a tie the split broke ("head.weight
@@ -10,8 +10,8 @@ and embed.weight were one parameter before parallelising and are two after"), a 
 leaves most bytes whole, and "tp-needs-plan" (info) when nothing says how to split."""
 from __future__ import annotations
 
-from ..report import Finding
-from . import Check
+from ..userline import site_line
+from .api import Check, Evidence, Finding
 
 LESSON = "16"
 WORDS = {2: "two", 3: "three", 4: "four"}
@@ -40,20 +40,10 @@ FIX_PLAN = ("give the plan: doctor(..., tp_plan={'up': 'colwise', 'down': 'rowwi
 
 
 def _site(site, where) -> str:
-    from ..roundtrip import user_line
-
-    return user_line(*site, where) if site else ""
+    return site_line(*site, where) if site else ""
 
 
-def findings(v: dict, world_size: int, where: dict | None = None) -> list[Finding]:
-    """One rank's record of tensor_parallel.probe -> findings (every one tensor parallel's rule)."""
-    out = _findings(v, world_size, where)
-    for f in out:
-        f.strategies = ("tp",)
-    return out
-
-
-def _findings(v: dict, world_size: int, where: dict | None) -> list[Finding]:
+def findings(v: dict, world_size: int, where: dict | None) -> list[Finding]:
     if v.get("origin") == "none" and "error" not in v:
         return [Finding("info", "tp-needs-plan", LESSON, "tensor parallelism not checked: no plan",
                         ["you gave no tp_plan and no parallelize, and the module has no tp_plan "
@@ -121,12 +111,13 @@ def _differs(v, plan_line, where) -> list[Finding]:
                     fix=FIX_DIFFERS, where=split_at)]
 
 
-def judge(ev) -> list[Finding]:
-    """`ev.ranks`: the ranks' probe records (rank 0's is judged: every rank computes the same)."""
+def judge(ev: Evidence) -> list[Finding]:
+    """`ev.ranks`: the ranks' probe records (rank 0's is judged: every rank computes the same);
+    every finding is tensor parallel's rule (CHECK.strategies)."""
     ranks = [r for r in ev.ranks if r]
     if not ranks:
         return []
-    return findings(ranks[0], getattr(ev, "world_size", len(ev.ranks)), getattr(ev, "where", None))
+    return findings(ranks[0], ev.world_size, ev.where)
 
 
 CHECK = Check(

@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import threading
 
-from ..report import Finding
-from . import Check
-from .state import CHANGES, FRAMEWORK
+from ..frames import first_of
+from .api import Check, Finding
+from .api import MODEL_CHANGES as CHANGES
 
 
 class _Trees:
@@ -53,18 +53,33 @@ class _Trees:
         """The change comes from PyTorch's own code (DDP, FSDP, an optimizer), not the user's."""
         import sys
 
-        frame = sys._getframe(2)
-        while frame is not None and not self.ctx.is_user_file(frame.f_code.co_filename):
-            if any(s in frame.f_code.co_filename.replace("\\", "/") for s in FRAMEWORK):
-                return True
-            frame = frame.f_back
-        return frame is None
+        return first_of(sys._getframe(2), self.ctx.is_user_file) != "user"
 
     def record(self, what: str, names: list, w, module_id: int) -> None:
         row = {"what": what, "names": names[:8], "kind": w.kind, "line": self.ctx.user_line(),
                "wrapped_at": w.line, "step": self.ctx.step}
         self.changes.append((row, module_id))
         self.ctx.emit(CHANGES, [c for c, _ in self.changes])
+
+
+def _adopted_by_fsdp(param) -> bool:
+    """A DTensor parameter set by Module.load_state_dict(..., assign=True) into a fully_shard'ed
+    module: FSDP2 takes it as its sharded parameter in a load_state_dict post-hook
+    (torch/distributed/fsdp/_fully_shard/_fsdp_param.py:221-224 registers it; reset_sharded_param,
+    :995-1003, takes the module's new parameter), the way FSDP2's example resumes. DCP's load
+    copies into the parameters in place and sets none."""
+    import sys
+
+    import torch.nn.modules.module as module_py
+
+    if type(param).__name__ != "DTensor":
+        return False
+    frame = sys._getframe(2)
+    while frame is not None:
+        if frame.f_code.co_name == "load_state_dict" and frame.f_code.co_filename == module_py.__file__:
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _qualified(prefix: str, name: str) -> str:
@@ -84,6 +99,8 @@ def attach(ctx) -> None:
         if param is None or module._parameters.get(name) is param or trees.theirs():
             return
         prefix, w, _ = found
+        if w.kind == "fsdp2" and _adopted_by_fsdp(param):
+            return
         what = "parameter replaced" if name in module._parameters else "parameter added"
         trees.record(what, [_qualified(prefix, name)], w, id(module))
 
@@ -193,6 +210,5 @@ CHECK = Check(
     codes={"model-changed-after-wrap": "error"},
     attach=attach, judge=judge, tools=("watch",),
     tests="tests/doctor/checks/test_wrapped.py",
-    order=30,
     notes=("a change made through .data or in place keeps the same tensors: the state check sees "
            "its effect instead",))

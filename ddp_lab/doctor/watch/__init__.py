@@ -18,8 +18,17 @@ import os
 import tempfile
 from typing import Callable
 
+from ...instruments.deepspeed_ops import require_built
+from ...launching.cuda_init import gpu_count
+from ...launching.launcher import launch
+from ..checks.api import Evidence
+from ..checks.context import read_records
 from ..report import Report
-from .rank import WatchInputError
+from ..sync import records
+from ..userline import code_files, restore_where
+from . import function_checks
+from .rank import StepRun, WatchInputError, body, returned_line
+from .script import build_report, watch_script
 
 __all__ = ["watch", "WatchInputError"]
 STRATEGIES = ("ddp", "fsdp2", "zero3")
@@ -32,7 +41,7 @@ def watch(train_step, model: Callable | None = None, batches=None, *, strategy: 
     """Run `train_step(model, batch, step)` on real ranks and check what it does across them;
     or, given a script's path (`watch("train.py", args=["--epochs", "1"])`), run the script
     unchanged on `world_size` ranks as torchrun would, with every check attached
-    (script_mode.watch_script; the other arguments are the function API's).
+    (script.watch_script; the other arguments are the function API's).
 
     `model` is a zero-argument factory (or an nn.Module class) called on every rank;
     `batches(rank, step)` gives each rank's batch (a tensor, a tuple or a dict); `save(model,
@@ -42,25 +51,21 @@ def watch(train_step, model: Callable | None = None, batches=None, *, strategy: 
     builds the optimizer passed as `optimizer=` when train_step takes one (default SGD, lr
     0.05; under ZeRO-3 the engine's). Raises WatchInputError (a ValueError) when they do not fit.
     """
-    from ...launching.launcher import launch
-
     if isinstance(train_step, (str, os.PathLike)):
-        from .script_mode import watch_script
         return watch_script(os.fspath(train_step), args, nproc=world_size, timeout=timeout)
     _validate(train_step, model, batches, strategy, steps, world_size, save)
+    if strategy == "zero3" and gpu_count() == 0:
+        require_built()  # DeepSpeed's op: this environment's error (OpBuildError), never a finding
     if evaluate is not None:
         _fits(evaluate, "evaluate", ("model", "batch"))
     wants = "optimizer" in inspect.signature(train_step).parameters
     with tempfile.TemporaryDirectory(prefix="ddp-lab-watch-") as folder:
-        from functools import partial
-
-        from .context import read_records
-        from .rank import _returned_line, body
         records = os.path.join(folder, "rank{}.jsonl")
-        run = launch(partial(body, records=records, returned_at=_returned_line(train_step)), train_step, model, batches, strategy, steps,
-                     save=save, evaluate=evaluate,
-                     path=os.path.join(folder, "checkpoint.pt"), make_optimizer=optimizer,
-                     wants_optimizer=wants, world_size=world_size, timeout=timeout, grace=2.0,
+        job = StepRun(train_step, model, batches, strategy, steps, save=save, evaluate=evaluate,
+                      optimizer=optimizer, wants_optimizer=wants,
+                      checkpoint=os.path.join(folder, "checkpoint.pt"), records=records,
+                      returned_at=returned_line(train_step))
+        run = launch(body, job, world_size=world_size, timeout=timeout, grace=2.0,
                      label=f"watch {strategy}")
         ranks = [read_records(records.format(r)) for r in range(world_size)]
     return _report(run, ranks, train_step, strategy, steps, world_size)
@@ -95,20 +100,16 @@ def _fits(fn, name: str, args: tuple[str, ...], optional: tuple[str, ...] = ()) 
 def _report(run, ranks, train_step, strategy, steps, world_size) -> Report:
     """The registry's checks (ddp_lab/doctor/checks, as for a script) and the function API's
     own: random draws, sharded reads, the evaluation, ZeRO-3's reload."""
-    from ..sync import records
-    from . import checks
-    from .context import Evidence
-    from .script_mode import build_report
-
     recs = [records(r.stdout) for r in run.ranks]
     _raise_input_error(run)
     code = getattr(train_step, "__code__", None)
     ev = Evidence(ranks, run=run, script=code.co_filename if code else "train_step",
                   world_size=world_size)
     shared = build_report(ev)
-    found = (shared.findings + checks.random_findings(recs, strategy)
-             + checks.read_findings(recs, strategy) + checks.evaluate_findings(recs)
-             + (checks.reload_findings(recs[0] if recs else {}) if strategy == "zero3" else []))
+    own = function_checks
+    found = (shared.findings + own.random_findings(recs, strategy)
+             + own.read_findings(recs, strategy) + own.evaluate_findings(recs)
+             + (own.reload_findings(recs[0] if recs else {}) if strategy == "zero3" else []))
     seconds = [v["seconds"] for v in (r.value for r in run.ranks if r.ok) if v]
     name = getattr(train_step, "__qualname__", "train_step")
     notes = [f"{steps} step(s) of your {name} on {world_size} ranks under {strategy}"]
@@ -124,8 +125,6 @@ def _report(run, ranks, train_step, strategy, steps, world_size) -> Report:
 def _name_lines(found, train_step) -> None:
     """Code that travelled to the ranks by value is named by its file and line again (this
     process still has the functions: the notebook's cells, the loaded file)."""
-    from .context import code_files, restore_where
-
     files = code_files(train_step)
     for f in found:
         f.where = restore_where(f.where, files)

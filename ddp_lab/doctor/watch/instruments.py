@@ -5,20 +5,11 @@ and the reads of sharded parameters outside forward (placeholders or DTensor sha
 user's line. Nothing here calls a collective: the ranks compare notes in the parent."""
 from __future__ import annotations
 
-import hashlib
 import sys
 
-from ..trace import user_frame
+from ..checks.api import digest
+from ..frames import in_optimizer, user_frame
 
-OPTIMIZERS = ("/torch/optim/", "/deepspeed/", "/torch/distributed/")  # their reads are theirs
-
-
-def digest(t) -> str:
-    """A hash of a tensor's values (its local values: a DTensor's shard)."""
-    local = t.to_local() if hasattr(t, "to_local") else t
-    data = local.detach().cpu().contiguous()
-    return hashlib.sha1(data.view(-1).view(__import__("torch").uint8).numpy().tobytes()
-                        if data.numel() else b"").hexdigest()[:16]
 
 
 def state_hashes(model, strategy: str) -> dict[str, str]:
@@ -57,15 +48,6 @@ def _sharded_placeholder(p) -> str:
     return ""
 
 
-def _from_optimizer(frame) -> bool:
-    while frame is not None:
-        name = frame.f_code.co_filename.replace("\\", "/")
-        if any(s in name for s in OPTIMIZERS):
-            return True
-        frame = frame.f_back
-    return False
-
-
 def step_watcher(model):
     """A TorchFunctionMode recording, while the step runs: `.losses` (the value of each tensor
     backward ran from) and `.reads` ((parameter, what it was, the user's line) for each read of
@@ -92,7 +74,7 @@ def step_watcher(model):
         def _read(self, p):
             what = _sharded_placeholder(p)
             frame = sys._getframe(2)
-            if what and not _from_optimizer(frame):
+            if what and not in_optimizer(frame):
                 read = (names[id(p)], what, user_frame(frame))
                 if read not in self.reads:
                     self.reads.append(read)

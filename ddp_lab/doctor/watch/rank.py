@@ -4,8 +4,16 @@ write what it saw (`sync.emit`: it comes back even from a rank that fails or han
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
+from typing import Callable
 
+from ...instruments.deepspeed_ops import require_built
+from ...launching.rankinfo import device, rank_info
+from ..batch import move
+from ..checks.api import Context
 from ..sync import emit
+from ..userline import describe
+from .core import attach_checks, function_mode, install_core, record_error
 from .instruments import dropout_hooks, state_hashes, step_watcher
 
 LR = 0.05
@@ -29,7 +37,6 @@ def wrap(model, strategy: str, make_optimizer):
         fully_shard(model)
         return model, make_optimizer(model.parameters())
     if not torch.cuda.is_available():
-        from ...instruments.deepspeed_ops import require_built
         require_built()
     import deepspeed
     deepspeed.init_distributed(dist_backend="gloo")
@@ -137,13 +144,11 @@ def _where_defined(*fns) -> list[str]:
     return out
 
 
-def _returned_line(fn) -> str:
+def returned_line(fn) -> str:
     """"file.py:12: return loss.item()": the last return line of the user's function."""
     import ast
     import inspect
     import textwrap
-
-    from .context import describe
 
     code = getattr(fn, "__code__", None)
     if code is None:
@@ -158,32 +163,45 @@ def _returned_line(fn) -> str:
     return describe(code.co_filename, lineno)
 
 
-def body(step_fn, factory, batches, strategy: str, steps: int, save=None, path: str = "",
-         make_optimizer=None, wants_optimizer: bool = False, evaluate=None,
-         records: str = "", returned_at: str = "") -> dict:
+@dataclass(frozen=True)
+class StepRun:
+    """What each rank of the function API runs: the user's functions and watch's settings."""
+
+    train_step: Callable
+    model: Callable  # the zero-argument factory
+    batches: Callable  # (rank, step) -> batch
+    strategy: str = "ddp"
+    steps: int = 3
+    save: Callable | None = None
+    evaluate: Callable | None = None
+    optimizer: Callable | None = None  # (params) -> the optimizer train_step is given
+    wants_optimizer: bool = False  # train_step takes optimizer=
+    checkpoint: str = ""  # the path `save` writes to
+    records: str = ""  # each rank's records file, "{}" for the rank
+    returned_at: str = ""  # the user's line train_step returns from (what it logs)
+
+
+def body(job: StepRun) -> dict:
     """The rank's whole run; what it returns is plain data. The registry's checks attach
-    here as they do to a script (script_mode): the same Context, the same hooks."""
+    here as they do to a script (core.py): the same Context, the same hooks."""
     import contextlib
 
     import torch
 
-    from ...launching.rankinfo import device, rank_info
-    from ..inputs import move
-    from .context import Context
-    from .script_mode import _attach_checks, _function_mode, _install_core, _record_error
-
+    step_fn, factory, batches, strategy = job.train_step, job.model, job.batches, job.strategy
+    save, evaluate, make_optimizer = job.save, job.evaluate, job.optimizer
     code = getattr(step_fn, "__code__", None)
     ctx = Context(code.co_filename if code else "train_step.py",
-                  records.format(rank_info().rank) if records else None,
+                  job.records.format(rank_info().rank) if job.records else None,
                   _where_defined(step_fn, factory, batches, save, evaluate), dynamic=True)
     ctx.steps_by_optimizer = False  # a step is one call of train_step
-    _install_core(ctx)
-    _attach_checks(ctx, None)
+    install_core(ctx)
+    attach_checks(ctx, None)
     ctx.emit("started", True)
     ctx.group_started = True
     ctx.emit("group", {"backend": torch.distributed.get_backend(), "line": ""})
     rank, dev = rank_info().rank, device()  # cuda:LOCAL_RANK under NCCL, else the CPU
-    ctx.mode = _function_mode(ctx)
+    ctx.mode = function_mode(ctx)
     mode = ctx.mode or contextlib.nullcontext()
     try:
         with mode:
@@ -191,27 +209,27 @@ def body(step_fn, factory, batches, strategy: str, steps: int, save=None, path: 
             emit("init", state_hashes(model, "ddp"))
             make_optimizer = make_optimizer or (lambda params: torch.optim.SGD(params, lr=LR))
             wrapped, opt = wrap(model, strategy, make_optimizer)
-            kwargs = {"optimizer": opt} if wants_optimizer else {}
+            kwargs = {"optimizer": opt} if job.wants_optimizer else {}
             seconds = []
-            for step in range(steps):
+            for step in range(job.steps):
                 batch = move(batches(rank, step), dev)
                 rec = one_step(step_fn, wrapped, model, batch, step, kwargs, strategy)
                 seconds.append((rec["step_s"], rec["checks_s"]))
                 ctx.add("logged.value", {"s": ctx.step, "v": list(rec["logged"].values()),
-                                         "line": returned_at})  # what the step returns is logged
+                                         "line": job.returned_at})  # what the step returns is logged
                 ctx.step_ended(None)
             if evaluate is not None:
-                emit("evaluate", logged(evaluate(wrapped, move(batches(rank, steps), dev)), steps,
-                                        "evaluate"))
+                emit("evaluate", logged(evaluate(wrapped, move(batches(rank, job.steps), dev)),
+                                        job.steps, "evaluate"))
             if save is not None:
-                save(wrapped, path)
+                save(wrapped, job.checkpoint)
                 if strategy == "zero3":  # the checkpoints check cannot gather ZeRO-3's parameters
                     full = full_state(model, strategy)
                     if rank == 0:
-                        emit("reload", reload_check(factory, path, full))
+                        emit("reload", reload_check(factory, job.checkpoint, full))
     except BaseException as exc:
         if not isinstance(exc, WatchInputError):
-            _record_error(ctx, exc)
+            record_error(ctx, exc)
         raise
     finally:
         ctx.finish()

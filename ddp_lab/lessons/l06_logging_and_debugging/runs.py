@@ -13,7 +13,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ...instruments.probes import Timeline
-from ...launching.rankinfo import ddp_kwargs, device, rank_info
+from ...launching.rankinfo import ddp_kwargs, device, rank_info, scratch_dir
 from ...instruments.logs import get_logger
 
 
@@ -165,8 +165,9 @@ def prepare_then_share(barrier_first: bool = True) -> dict:
     joining the barrier; without, rank 0 writes, then every rank meets at the barrier."""
     info = rank_info()
     # mkdtemp: a new folder only this user can open, under a name nobody can guess (a shared
-    # /tmp lets anyone create a folder or link at a predictable name before rank 0 does)
-    box = [tempfile.mkdtemp(prefix="ddp-lab-l06-") if info.is_main else None]
+    # /tmp lets anyone create a folder or link at a predictable name before rank 0 does); in the
+    # launch's scratch folder, which the launcher removes even when it has to kill the ranks
+    box = [tempfile.mkdtemp(prefix="ddp-lab-l06-", dir=scratch_dir()) if info.is_main else None]
     dist.broadcast_object_list(box)
     path = os.path.join(box[0], "data.pt")
     if info.is_main:

@@ -8,7 +8,7 @@ import tempfile
 
 import torch.distributed as dist
 
-from ...launching.rankinfo import rank_info
+from ...launching.rankinfo import rank_info, scratch_dir
 
 
 def refuse_under_torchrun(scenario: str, why: str) -> None:
@@ -23,9 +23,10 @@ def refuse_under_torchrun(scenario: str, why: str) -> None:
 def shared_dir():
     """A folder every rank of this launch sees: rank 0 makes it and broadcasts its path; every
     rank marks itself done on the way out, and the last one removes it (no collective, so it runs
-    when a rank leaves with an error too)."""
+    when a rank leaves with an error too; a rank killed at the timeout does not, so it lives in
+    the launch's scratch folder, which the launcher removes)."""
     info = rank_info()
-    box = [tempfile.mkdtemp(prefix="ddp-lab-l17-") if info.is_main else None]
+    box = [tempfile.mkdtemp(prefix="ddp-lab-l17-", dir=scratch_dir()) if info.is_main else None]
     dist.broadcast_object_list(box, src=0)
     try:
         yield box[0]

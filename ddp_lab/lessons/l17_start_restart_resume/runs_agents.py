@@ -15,7 +15,7 @@ import time
 import torch.distributed as dist
 from torch.utils.data import DistributedSampler
 
-from ...launching.rankinfo import RANK_VARIABLES, environ, rank_info
+from ...launching.rankinfo import RANK_VARIABLES, environ, rank_info, scratch_dir
 from . import runs_torchrun
 from .runs import refuse_under_torchrun, shared_dir
 from .runs_torchrun import AGENT_PID
@@ -59,7 +59,7 @@ def second_job(own_port: bool = False) -> dict:
         print(f"job A's store: port {first}")
         where = (["--standalone"] if own_port else
                  [f"--master-addr={os.environ['MASTER_ADDR']}", f"--master-port={first}"])
-        with tempfile.TemporaryDirectory(prefix="ddp-lab-l17-") as out:
+        with tempfile.TemporaryDirectory(prefix="ddp-lab-l17-", dir=scratch_dir()) as out:
             began = time.monotonic()
             try:
                 torchrun([*where, "--nproc-per-node=1", "--max-restarts=0",
@@ -120,11 +120,12 @@ def elastic_job(resume: bool = False, shared_store: bool = False, steps: int = 8
     """torchrun --standalone --nproc-per-node 2 --max-restarts 1; rank 1 is killed at step
     `die_at` of the first attempt. Returns, per attempt and rank, the steps it ran."""
     refuse_under_torchrun("elastic_restart", STARTS_TORCHRUN)
-    with tempfile.TemporaryDirectory(prefix="ddp-lab-l17-") as out:
+    with tempfile.TemporaryDirectory(prefix="ddp-lab-l17-", dir=scratch_dir()) as out:
         began = time.time()
         try:
             # --shutdown-timeout: a worker stuck in C++ (gloo's connect) never runs its SIGTERM
-            # handler; torchrun SIGKILLs it after this many seconds (default 30)
+            # handler; torchrun SIGKILLs it after this many seconds (default 30). An option since
+            # torch 2.12: the course's floor (tools/upgrade_check.py, kit/preflight.py MIN_TORCH)
             torchrun(["--standalone", "--nproc-per-node=2", "--max-restarts=1", "--shutdown-timeout=2",
                       *IN_THE_AGENT,
                       *_worker("elastic", out, f"--steps={steps}", f"--every={every}",

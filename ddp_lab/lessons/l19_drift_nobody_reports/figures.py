@@ -58,7 +58,7 @@ def figures(results) -> dict:
             run = results[name].get("broken") or results[name].get("fixed")
             ax.axvline(run.values[0]["phase_steps"] + 0.5, color="grey", ls=":", lw=1)
         ax.set_title(title, fontsize=9)
-        ax.set_xlabel("step")
+        ax.set_xlabel("step (counted from 1)")
         ax.set_ylabel(ylabel, fontsize=8)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)

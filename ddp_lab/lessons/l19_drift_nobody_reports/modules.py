@@ -20,7 +20,8 @@ class Net(nn.Module):
 
 class Block(nn.Module):
     """An MLP block with a LayerNorm after it: under tensor parallelism `up` is split by columns,
-    `down` by rows, and `norm` stays whole, a plain replicated parameter on every rank."""
+    `down` by rows, its bias left whole (a Replicate DTensor: RowwiseParallel, torch/distributed/
+    tensor/parallel/style.py:266-277), and `norm` stays a plain parameter, whole on every rank."""
 
     def __init__(self, width: int = 8, hidden: int = 32):
         super().__init__()

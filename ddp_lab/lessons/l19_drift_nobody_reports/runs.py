@@ -48,8 +48,12 @@ def digest(model) -> str:
 
 def unregistered(ddp) -> list[str]:
     """The module's parameters that DDP does not know: DDP lists the module's parameters once, when
-    it wraps it (`_module_parameters`, torch/nn/parallel/distributed.py:895-899), and registers
-    its gradient hooks on those; a parameter created later has none."""
+    it wraps it (`_module_parameters`, private, torch/nn/parallel/distributed.py:895-899). Its
+    gradient hooks are the Reducer's, on another list made at the same time
+    (`_build_params_for_reducer()`, distributed.py:1059 and 1523-1569), which leaves out
+    parameters with requires_grad=False and lists a shared one once. So a parameter created later
+    is in neither list and has no hook; a frozen one is in `_module_parameters` and has none
+    either. tests/test_private_torch_names.py checks the private name is there."""
     known = {id(p) for p in ddp._module_parameters}
     return [n for n, p in ddp.module.named_parameters() if id(p) not in known]
 
@@ -63,6 +67,20 @@ def change(model, what: str) -> None:
         model.head = nn.Linear(model.head.in_features, 1)
     else:
         raise ValueError(f"unknown change {what!r}")
+
+
+def cast_with_swap() -> None:
+    """`model.double()` after `DDP(model)` with `torch.__future__`'s swap flag set: `_apply` then
+    swaps each parameter for a new one (torch/nn/modules/module.py:953-955, 975-989) instead of
+    setting `.data`, and `torch.utils.swap_tensors` refuses a parameter DDP still holds references
+    to: RuntimeError "_apply(): Couldn't swap Linear.weight" (torch 2.13, one rank), loud where
+    the default cast is silent."""
+    torch.__future__.set_swap_module_params_on_conversion(True)
+    dev = device()
+    model = Net().to(dev)
+    ddp = DDP(model, **ddp_kwargs(dev))  # alive, as a training job's wrapper is: its references
+    model.double()                       # to the parameters are what the swap refuses
+    del ddp
 
 
 def train_changed(what: str = "cast", wrap_first: bool = True, steps: int = 4,

@@ -19,8 +19,9 @@ from ...launching.rankinfo import rank_info
 @contextmanager
 def gloo_group():
     """A gloo group on the CPU for this rank, on any machine, where the launch made none: what
-    these scenarios show is gloo's (on a node with a GPU per rank the course's launcher would pick
-    NCCL, where a size mismatch may hang instead). Their variants say init_process_group=False."""
+    these scenarios show is gloo's (on a node with a GPU per rank the course's launcher picks
+    NCCL, launching/launcher.py `resolve_backend`, where a size mismatch may hang instead). Their
+    variants say init_process_group=False."""
     if dist.is_initialized():
         yield
         return
@@ -32,8 +33,9 @@ def gloo_group():
 
 
 def predictions(rank: int, step: int) -> torch.Tensor:
-    """Rank `rank`'s predictions at `step`: 3 + rank + step values (the last batch of an
-    epoch is short, a filter keeps some samples: lengths differ by rank)."""
+    """Rank `rank`'s predictions at `step`: 3 + rank + step values. Lengths differ by rank where
+    a filter drops samples, or a sampler does not pad; `DistributedSampler(drop_last=False)`
+    pads every rank to the same count (torch/utils/data/distributed.py:116-124)."""
     return torch.arange(3 + rank + step, dtype=torch.float32) + 100 * rank + 10 * step
 
 
@@ -55,6 +57,19 @@ def gather_padded(pred: torch.Tensor) -> list:
     return [o[: int(k)] for o, k in zip(out, lengths)]
 
 
+def gather_right_sizes(pred: torch.Tensor) -> list:
+    """Each slot sized to its rank's length (the lengths gathered first): what `all_gather`'s
+    docstring calls supported (torch/distributed/distributed_c10d.py:4194-4202). NCCL does it,
+    one broadcast per rank (ProcessGroupNCCL.cpp, `allgather`, when the slots' sizes differ);
+    gloo refuses it: "ProcessGroupGloo::allgather: invalid tensor size"."""
+    n = torch.tensor([pred.numel()])
+    lengths = [torch.zeros_like(n) for _ in range(dist.get_world_size())]
+    dist.all_gather(lengths, n)
+    out = [pred.new_zeros(int(k)) for k in lengths]
+    dist.all_gather(out, pred)
+    return out
+
+
 def gather_objects(pred: torch.Tensor) -> list:
     """The other fix: `all_gather_object`, which pickles the tensor, gathers the sizes, pads
     the bytes and gathers them (torch/distributed/distributed_c10d.py:3501-3518)."""
@@ -63,7 +78,8 @@ def gather_objects(pred: torch.Tensor) -> list:
     return out
 
 
-GATHERS = {"own_size": gather_own_size, "padded": gather_padded, "objects": gather_objects}
+GATHERS = {"own_size": gather_own_size, "padded": gather_padded, "objects": gather_objects,
+           "right_sizes": gather_right_sizes}
 
 
 def gather_predictions(how: str = "padded", steps: int = 3) -> dict:
@@ -89,7 +105,13 @@ def read_async(wait_first: bool = False, steps: int = 5) -> dict:
     all_reduce late, only once rank 0 says (through the store) that it got past its read
     (`wait_first=False`, the bug) or past issuing the collective (`wait_first=True`: rank 0
     then calls `work.wait()` before it reads). So the broken read provably precedes the
-    collective's completion: no rank 1, no sum. Per step: |read - true sum|."""
+    collective's completion: no rank 1, no sum. Per step: |read - true sum|.
+
+    `wait()` here is gloo's: it blocks until the sum is there. On NCCL it makes the current CUDA
+    stream wait for the collective and returns at once (`Work.wait`'s docstring: "the same as
+    calling synchronize(): Letting the current stream block on the completion of the NCCL
+    work"); a host read such as `.item()` then synchronises with that stream.
+    `_get_default_store` is private (tests/test_private_torch_names.py checks it is there)."""
     rank = rank_info().rank
     store = dist.distributed_c10d._get_default_store()
     errors = []

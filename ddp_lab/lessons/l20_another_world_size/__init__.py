@@ -18,12 +18,13 @@ from .figures import figures
 from .runs import (GLOBAL_BATCH, LR, SAMPLES, accumulate, accumulation_steps, dataset, epoch_loss,
                    my_indices, same_job_at, single_process, train_epoch, tuned_on_one_process)
 from .runs_launchers import run_script
-from .runs_resume import BATCH, STEPS_BEFORE, first_job, reshard_the_rest, resumed_job, skip_steps
+from .runs_resume import (BATCH, STEPS_BEFORE, count, first_job, reshard_the_rest, resumed_job,
+                          skip_steps)
 from .runs_script import local_rank, local_rank_parser
 
 __all__ = ["LESSON", "Resumed", "GLOBAL_BATCH", "LR", "SAMPLES", "accumulate", "accumulation_steps",
            "dataset", "epoch_loss", "my_indices", "same_job_at", "single_process", "train_epoch",
-           "tuned_on_one_process", "run_script", "BATCH", "STEPS_BEFORE", "first_job",
+           "tuned_on_one_process", "run_script", "BATCH", "STEPS_BEFORE", "count", "first_job",
            "reshard_the_rest", "resumed_job", "skip_steps", "local_rank", "local_rank_parser",
            "workers_of", "figures"]
 

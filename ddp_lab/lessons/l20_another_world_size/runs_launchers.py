@@ -8,7 +8,7 @@ What each launcher passes (torch 2.13 source):
   appends `--local-rank=<local rank>` to the script's arguments (torch/distributed/run.py:965-966;
   the dashed spelling since 2.0, launch.py:106-115);
 - torchrun's parser has no `use_env` (run.py:796-807 returns True), so it passes no argument at
-  all: only the LOCAL_RANK variable, which every launcher sets.
+  all: only the LOCAL_RANK variable, which both set (not every launcher does: runs_script.py).
 """
 from __future__ import annotations
 

@@ -8,7 +8,11 @@ It imports only the standard library: a launcher starts a fresh interpreter per 
 PARSER is how the script reads its local rank:
   underscore  `--local_rank`, as scripts for torch.distributed.launch before torch 2.0 did
   both        `--local-rank` and `--local_rank` (torch/distributed/launch.py:87's advice)
-  env         the LOCAL_RANK variable every launcher sets (torchrun's way)
+  env         the LOCAL_RANK variable (torchrun's way). torchrun and torch.distributed.launch set
+              it; torchrun's --virtual-local-rank sets 0 on every worker (torch/distributed/
+              run.py:700-707, elastic/agent/server/local_elastic_agent.py:484-487); mp.spawn,
+              srun and mpirun set none; DeepSpeed's launcher sets it and passes --local_rank=N
+              (deepspeed/launcher/launch.py:242, 261-262, at its commit edaa722)
 """
 from __future__ import annotations
 

@@ -1,8 +1,12 @@
 """The checkpoints check (ddp_lab/doctor/checks/checkpoints.py): each code fails on a corpus
 case's broken script and stays silent on its fixed one, each run under watch on 2 real ranks.
 
-    checkpoint-does-not-reload  30 (DDP's "module." prefix: a warning), 32 (FSDP2 shards saved
-                                by rank 0), 35 (load_state_dict(strict=False) loads nothing)
+    checkpoint-does-not-reload  30 (DDP's "module." prefix: a warning), 31 (torch.compile's
+                                "_orig_mod.": named at the state_dict() call that gives the keys),
+                                32 (FSDP2 shards saved by rank 0), 35 (load_state_dict(strict=False)
+                                loads nothing); a file the script reloads into the same DDP model,
+                                or holding an object torch.load's default refuses, reloads as the
+                                script's own load would
     dcp-values-lost             33 (a hand-sharded plain tensor under one key)
     dcp-load-into-copy          34 (dcp.load into CPU copies of the model's tensors)
 """
@@ -17,6 +21,7 @@ CORPUS = Path(__file__).parents[2] / "corpus" / "watch"
 CODES = ("checkpoint-does-not-reload", "dcp-values-lost", "dcp-load-into-copy")
 CASES = [  # a file only the same wrapper reloads is a warning; lost or unloaded values, errors
     ("30_ddp_module_prefix", "checkpoint-does-not-reload", "warning"),
+    ("31_compiled_orig_mod_prefix", "checkpoint-does-not-reload", "warning"),  # state_dict()'s line
     ("32_fsdp2_rank0_saves_shards", "checkpoint-does-not-reload", "error"),
     ("35_strict_false_loads_nothing", "checkpoint-does-not-reload", "error"),
     ("33_dcp_dedup_per_rank_tensor", "dcp-values-lost", "error"),
@@ -25,7 +30,7 @@ CASES = [  # a file only the same wrapper reloads is a warning; lost or unloaded
 
 @lru_cache(maxsize=None)
 def report(case: str, script: str):
-    from ddp_lab.doctor.watch.script_mode import watch_script
+    from ddp_lab.doctor.watch.script import watch_script
 
     return corpus_report(CORPUS / case / script)  # the corpus test's run, shared
 
@@ -164,7 +169,7 @@ dist.destroy_process_group()
 
 
 def watch_text(tmp_path, text):
-    from ddp_lab.doctor.watch.script_mode import watch_script
+    from ddp_lab.doctor.watch.script import watch_script
 
     path = tmp_path / "train.py"
     path.write_text(text)
@@ -186,3 +191,71 @@ def test_an_ema_copy_saved_beside_the_model_is_no_finding(tmp_path):
     rep = watch_text(tmp_path, EMA)  # same keys, other values: a copy, not the model's state
     assert rep.status == "ok" and not rep.findings, [(f.code, f.evidence) for f in rep.findings]
     assert not [n for n in rep.notes if "hook failed" in n], rep.notes
+
+
+# --- reloading as the script would (issue 44): its own torch.load, its own wrapper ------------
+
+CONFIG = '''
+import dataclasses, os, shutil, tempfile
+import torch, torch.distributed as dist, torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+@dataclasses.dataclass
+class Config:
+    width: int = 8
+
+
+dist.init_process_group("gloo")
+torch.manual_seed(0)
+model = DDP(nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2)))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+loss = model(torch.randn(4, 8)).sum(); opt.zero_grad(); loss.backward(); opt.step()
+box = [tempfile.mkdtemp() if dist.get_rank() == 0 else None]
+dist.broadcast_object_list(box, src=0)
+path = os.path.join(box[0], "ckpt.pt")
+BEFORE
+if dist.get_rank() == 0:
+    torch.save({"model": STATE, "config": Config()}, path)
+dist.barrier()
+AFTER
+dist.barrier()
+if dist.get_rank() == 0:
+    shutil.rmtree(box[0])
+dist.destroy_process_group()
+'''
+
+
+def config_script(tmp_path, state, before="pass", after="pass"):
+    return watch_text(tmp_path, CONFIG.replace("STATE", state).replace("BEFORE", before)
+                      .replace("AFTER", after))
+
+
+@pytest.mark.slow
+def test_a_file_holding_an_object_is_reloaded_with_weights_only_false_and_says_so(tmp_path):
+    plain = config_script(tmp_path, "model.module.state_dict()",
+                          after='torch.load(path, weights_only=False)')
+    assert plain.status == "ok" and not plain.findings, [(f.code, f.evidence) for f in plain.findings]
+    saved = plain.evidence.ranks[0]["saved"][0]
+    assert saved["ok"] and saved["how"].startswith("weights_only=False: torch.load's default refuses")
+    prefixed = config_script(tmp_path, "model.state_dict()")  # still a finding: only DDP reloads it
+    f = next(f for f in prefixed.findings if f.code == "checkpoint-does-not-reload")
+    assert f.severity == "warning" and "read back with weights_only=False" in " ".join(f.evidence)
+
+
+@pytest.mark.slow
+def test_the_scripts_own_torch_load_arguments_are_the_ones_used(tmp_path):
+    rep = config_script(tmp_path, "model.state_dict()", before=(
+        'torch.save({"n": 1}, path + ".meta") if dist.get_rank() == 0 else None; dist.barrier(); '
+        'torch.load(path + ".meta", weights_only=False)'))
+    f = next(f for f in rep.findings if f.code == "checkpoint-does-not-reload")
+    assert "weights_only=False, as the script's own torch.load (train.py:20" in " ".join(f.evidence)
+
+
+@pytest.mark.slow
+def test_a_ddp_state_loaded_back_into_the_ddp_model_is_no_finding(tmp_path):
+    # pytorch/examples' DDP checkpoint: save ddp_model.state_dict(), load it into ddp_model
+    rep = config_script(tmp_path, "model.state_dict()",
+                        after='model.load_state_dict(torch.load(path, weights_only=False)["model"])')
+    assert rep.status == "ok" and not rep.findings, [(f.code, f.evidence) for f in rep.findings]
+    assert [r["into"] for r in rep.evidence.ranks[1]["reloaded"]] == ["wrapper"]

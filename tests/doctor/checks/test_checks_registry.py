@@ -1,5 +1,6 @@
 """The checks' one registry (ddp_lab/doctor/checks): every check module imports, defines one
-`Check` whose codes have levels, and names a test file that exists and tests each of its codes."""
+`Check` whose codes have levels, and names its test file(s), which exist and test each of its
+codes."""
 from pathlib import Path
 
 from ddp_lab.doctor import checks
@@ -18,9 +19,11 @@ def test_every_check_module_imports_and_has_the_shape():
         assert check.lesson in LESSONS, (name, check.lesson)
         assert check.tools and check.mechanism and check.judge
         assert "watch" not in check.tools or check.attach is not None or name in ("collectives", "raised"), name
-        test = ROOT / check.tests
-        assert check.tests and test.exists(), f"{name}: its tests ({check.tests!r}) do not exist"
-        text = test.read_text()
+        tests = [check.tests] if isinstance(check.tests, str) else list(check.tests)
+        assert tests and all(tests), f"{name}: no tests named"
+        for test in tests:
+            assert (ROOT / test).exists(), f"{name}: its tests ({test!r}) do not exist"
+        text = "".join((ROOT / test).read_text() for test in tests)
         for code in check.codes:
             assert code in text, f"{name}: {check.tests} never names its code {code!r}"
             assert code not in codes, f"{code} is given by both {codes.get(code)} and {name}"

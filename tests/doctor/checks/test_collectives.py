@@ -10,8 +10,8 @@ import pytest
 
 import ddp_lab.watch
 
-from ddp_lab.doctor.checks import collectives
-from ddp_lab.doctor.watch.script_mode import watch_script
+from ddp_lab.doctor.checks import _collectives_loop as loop, collectives
+from ddp_lab.doctor.watch.script import watch_script
 from conftest import corpus_report
 
 CORPUS = os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, "corpus", "watch")
@@ -125,15 +125,15 @@ def main(rank):
 def test_loop_exit_is_the_if_around_a_break_else_where_the_iterable_was_made(tmp_path):
     path = tmp_path / "loops.py"
     path.write_text(LOOPS)
-    line, how = collectives.loop_exit([str(path), 6])  # opt.step() in the inner for loop
+    line, how = loop.loop_exit([str(path), 6])  # opt.step() in the inner for loop
     assert line == 7 and "break" in how  # the `if x > rank:` around the break
     path.write_text(LOOPS.replace("                break\n", ""))
-    line, how = collectives.loop_exit([str(path), 6])
+    line, how = loop.loop_exit([str(path), 6])
     assert line == 3 and "ran out" in how  # `loader = make(rank)`: enumerate(...) unwrapped
-    line, how = collectives.loop_exit([str(path), 12])  # the while loop
+    line, how = loop.loop_exit([str(path), 12])  # the while loop
     assert line == 11 and "while" in how
-    assert collectives.inside_loop([str(path), 6], [("loops.py", 6), ("loops.py", 9)])
-    assert not collectives.inside_loop([str(path), 6], [("loops.py", 9), ("other.py", 6)])
+    assert loop.inside_loop([str(path), 6], [("loops.py", 6), ("loops.py", 9)])
+    assert not loop.inside_loop([str(path), 6], [("loops.py", 9), ("other.py", 6)])
 
 
 def _report_json(out: str) -> dict:

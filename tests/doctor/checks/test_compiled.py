@@ -28,7 +28,7 @@ pytestmark = pytest.mark.slow
 
 @lru_cache(maxsize=None)
 def report(path: str):
-    from ddp_lab.doctor.watch.script_mode import watch_script
+    from ddp_lab.doctor.watch.script import watch_script
 
     return corpus_report(path) or watch_script(path, nproc=2, timeout=150, checks=["compiled"])
 

@@ -6,7 +6,13 @@ loss is a note. Fast tests hold the formulas and the line reading on hand-made r
     logged-value-not-global  40 (unweighted mean over ranks, ignore_index padding), 41 (SUM not
                              divided), 42 (accumulation: 1/k), 43 (last micro-batch), 44 (FSDP2
                              shard's gradient norm), 45 (accuracy: mean of rank fractions)
-    logged-value-one-rank    a script where each rank prints its own loss (a note, never a warning)
+    logged-value-one-rank    a script where each rank prints its own loss (a note, never a warning);
+                             a rank's own last micro-batch is a note unless the script all_reduces
+                             that step's loss itself (43 stays a warning; b04's and b30's fixed
+                             scripts print their own and get a note)
+Blind b13 (a mean of the ranks' validation means, sums over files of 38 and 10 samples) is caught
+at its logging line. The check's other codes have their own files: test_logged_scale.py
+(loss-divided-by-world-size) and test_logged_padding.py (gathered-padding-counted).
 """
 import math
 import tomllib
@@ -18,7 +24,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from ddp_lab.doctor.checks import _logged_judge as judging, logged
-from ddp_lab.doctor.watch.context import Evidence
+from ddp_lab.doctor.checks.api import Evidence
 from conftest import corpus_report
 
 CORPUS = Path(__file__).parents[2] / "corpus" / "watch"
@@ -31,7 +37,7 @@ REASONS = dict(zip(CASES, ("unweighted mean over ranks", "SUM of the ranks", "di
 
 @lru_cache(maxsize=None)
 def report(path: str):
-    from ddp_lab.doctor.watch.script_mode import watch_script
+    from ddp_lab.doctor.watch.script import watch_script
 
     return corpus_report(path) or watch_script(path, nproc=2, timeout=90, checks=["logged"])
 
@@ -66,6 +72,24 @@ def test_fixed_script_gets_no_finding(case):
     mine = [f for f in rep.findings if f.code in logged.CHECK.codes]  # others' notes may come
     assert not mine, [(f.code, f.where, f.evidence) for f in mine]
     assert not [n for n in rep.notes if "hook failed" in n or "failed on this run" in n], rep.notes
+
+
+BLIND = {"b13_val_loss_mean_of_means":
+         'print(f"epoch {epoch} val loss {val_loss.item():.6f}")'}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", sorted(BLIND))
+def test_blind_mean_of_means_warns_and_its_fix_is_quiet(case):
+    """b13 (blind): the mean of the ranks' validation means over 38 and 10 samples. The finding
+    names the logging line; the case's fault is the division by the world size two lines above
+    (`val_loss /= world_size`): cases 40-45 name the logging line for the same formula."""
+    rep = report(str(CORPUS / case / "broken.py"))
+    hits = [f for f in rep.findings if f.code == "logged-value-not-global"]
+    assert len(hits) == 1 and "unweighted" in hits[0].title, rep.findings
+    assert BLIND[case] in hits[0].where
+    fixed = report(str(CORPUS / case / "fixed.py"))
+    assert not [f for f in fixed.findings if f.code in logged.CHECK.codes], fixed.findings
 
 
 OWN_LOSS = '''
@@ -143,10 +167,28 @@ def test_accumulation_one_kth_and_last_micro_batch():
     a = {"logged.train": train(0, (1.0, 8), (3.0, 8), k=2)}
     b = {"logged.train": train(0, (2.0, 8), (4.0, 8), k=2)}
     t = 2.5
-    for v, why in ((t / 2, "divided by the number"), (3.5, "last micro-batch"), (3.0, "last")):
+    for v, why in ((t / 2, "divided by the number"), (3.5, "last micro-batch")):
         found = judged([dict(a, **{"logged.value": [value(0, v)]}), b])
         assert [f.code for f in found] == ["logged-value-not-global"] and why in found[0].title, v
     assert judged([dict(a, **{"logged.value": [value(0, t)]}), b]) == []
+
+
+def test_a_ranks_own_last_micro_batch_is_wrong_only_where_the_script_claims_a_global_loss():
+    """nanoGPT's `loss.item() * accum` on rank 0 is its own number (a note); a script that
+    all_reduces the step's loss itself and logs that number instead shows the wrong one."""
+    a = {"logged.train": train(0, (1.0, 8), (3.0, 8), k=2), "logged.value": [value(0, 3.0)]}
+    b = {"logged.train": train(0, (2.0, 8), (4.0, 8), k=2), "logged.value": []}
+    found = judged([a, b])
+    assert [(f.code, f.severity) for f in found] == [("logged-value-one-rank", "info")]
+    assert "last micro-batch" in found[0].title
+    for r, rank in enumerate((a, b)):  # loss_accum = sum of loss / k, all_reduced after step()
+        rank["logged.reduce"] = [{"s": 1, "i": 1, "op": "RedOpType.SUM", "before": [2.0 + r],
+                                  "after": None, "rows": 0, "line": ""}]
+    found = judged([a, b])
+    assert [(f.code, f.severity) for f in found] == [("logged-value-not-global", "warning")]
+    assert "last micro-batch" in found[0].title
+    a["logged.reduce"][0]["before"] = [9.5]  # a reduce of something else claims nothing
+    assert [f.severity for f in judged([a, b])] == ["info"]
 
 
 def test_evaluation_losses_weighted_by_their_counts():
@@ -160,6 +202,22 @@ def test_evaluation_losses_weighted_by_their_counts():
     found = judged([{"logged.train": a, "logged.value": [value(3, (own_a + 2.0) / 2)]},
                     {"logged.train": b, "logged.value": []}])
     assert [(f.code, f.severity) for f in found] == [("logged-value-not-global", "warning")]
+
+
+def test_evaluation_sums_are_means_over_their_counts():
+    """b13's shape: each rank sums its losses (reduction="sum") over files of different sizes,
+    divides by its own count, and the ranks' means are averaged unweighted."""
+    def ev(*batches):
+        return [{"s": 5, "fn": "mse_loss", "v": v, "grad": False, "red": "sum", "n": n}
+                for v, n in batches]
+    a, b = ev((30.0, 30), (16.0, 8)), ev((50.0, 10))
+    own_a, own_b, true = 46 / 38, 5.0, 96 / 48
+    assert judged([{"logged.train": a, "logged.value": [value(5, true)]},
+                   {"logged.train": b, "logged.value": []}]) == []
+    found = judged([{"logged.train": a, "logged.value": [value(5, (own_a + own_b) / 2)]},
+                    {"logged.train": b, "logged.value": []}])
+    assert [(f.code, f.severity) for f in found] == [("logged-value-not-global", "warning")]
+    assert "unweighted" in found[0].title and "38 terms" in found[0].evidence[1]
 
 
 def test_a_line_logging_each_micro_batch_is_not_the_last_micro_batch_bug():

@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from ddp_lab.doctor.watch.script_mode import watch_script
+from ddp_lab.doctor.watch.script import watch_script
 from conftest import corpus_report
 
 CORPUS = os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, "corpus", "watch")

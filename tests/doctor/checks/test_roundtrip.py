@@ -1,4 +1,4 @@
-"""The check roundtrip (doctor/checks/roundtrip.py, saving and loading in doctor/roundtrip.py):
+"""The check roundtrip (doctor/checks/roundtrip.py, saving and loading in doctor/exam/save_load.py):
 torch.save under DDP in this process, torch.distributed.checkpoint on 2 real ranks under tensor
 parallelism (a plain per-rank tensor deduplicated) and FSDP2 (a state-dict hook's copies, which
 the in-place dcp.load fills instead of the parameters); each broken module caught with the
@@ -10,12 +10,15 @@ from torch.distributed.tensor import DTensor, Shard
 from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
                                                parallelize_module)
 
-from ddp_lab.doctor import checks, frames
-from ddp_lab.doctor.checks.roundtrip import torch_save_findings
-from ddp_lab.doctor.inputs import resolve_model
-from ddp_lab.doctor.roundtrip import code_of
-from ddp_lab.doctor.sharded import sharded_findings
-from ddp_lab.doctor.tensor_parallel import tensor_parallel_findings
+from ddp_lab.doctor import checks
+from ddp_lab.doctor.checks.api import Subject
+from ddp_lab.doctor.exam import save_load, sharded, tensor_parallel
+from ddp_lab.doctor.exam.inputs import resolve_model
+from ddp_lab.doctor.userline import code_map, code_of
+
+
+def torch_save_findings(source, example):
+    return save_load.phase(Subject(source, example))[1]
 
 
 class Counted(nn.Module):
@@ -83,8 +86,9 @@ def dtensor_slices(model, mesh):
 
 def tp(parallelize):
     source = resolve_model(Block)
-    where = {**frames.code_map(source.build()), **code_of(parallelize)}
-    found = tensor_parallel_findings(source, torch.randn(4, 8), 2, 60, None, parallelize, where)[1]
+    where = {**code_map(source.build()), **code_of(parallelize)}
+    found = tensor_parallel.phase(Subject(source, torch.randn(4, 8), 2, timeout=60, strategy="tp",
+                                          parallelize=parallelize, where=where))[1]
     return [f for f in found if f.severity != "info"]
 
 
@@ -140,8 +144,8 @@ class ViewNet(HookNet):
 
 def fsdp2(model):
     source = resolve_model(model)
-    found = sharded_findings(source, torch.randn(4, 8), "fsdp2", 2, 60, None,
-                             frames.code_map(source.build()))[1]
+    found = sharded.phase(Subject(source, torch.randn(4, 8), 2, timeout=60, strategy="fsdp2",
+                                  where=code_map(source.build())))[1]
     return [f for f in found if f.severity != "info"]
 
 
@@ -159,4 +163,4 @@ def test_a_hook_returning_views_comes_back():
 
 def test_the_check_is_registered_for_the_doctor():
     c = checks.registry()["roundtrip"]
-    assert c.tools == ("doctor",) and set(c.strategies) == {"ddp", "fsdp2", "tp"}
+    assert c.tools == ("doctor",) and c.strategies is None  # every strategy's rule

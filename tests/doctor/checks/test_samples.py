@@ -9,7 +9,7 @@ import pytest
 
 from ddp_lab.doctor.checks import registry
 from ddp_lab.doctor.checks.samples import decode, encode
-from ddp_lab.doctor.watch.script_mode import watch_script
+from ddp_lab.doctor.watch.script import watch_script
 from conftest import corpus_report
 
 CORPUS = os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, "corpus", "watch")

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from ddp_lab.doctor.checks.state import digest, due, judge
-from ddp_lab.doctor.watch.context import Evidence
-from ddp_lab.doctor.watch.script_mode import watch_script
+from ddp_lab.doctor.checks.api import Evidence
+from ddp_lab.doctor.watch.script import watch_script
 from conftest import corpus_report
 
 CORPUS = os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, "corpus", "watch")

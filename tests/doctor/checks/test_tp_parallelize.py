@@ -1,5 +1,5 @@
 """The check tp_parallelize (doctor/checks/tp_parallelize.py, records from
-doctor/tensor_parallel.py's probe on 2 real ranks): the user's own parallelize function, a tie
+doctor/exam/tensor_parallel.py's probe on 2 real ranks): the user's own parallelize function, a tie
 broken by the split and made again, a fused QKV split contiguously, a bias left whole, no plan
 at all, and the lesson-16 modules an op without a sharding rule and a plan leaving bytes whole."""
 import torch
@@ -8,10 +8,11 @@ from torch.distributed.tensor import Replicate
 from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
                                                parallelize_module)
 
-from ddp_lab.doctor import checks, frames
-from ddp_lab.doctor.inputs import resolve_model
-from ddp_lab.doctor.roundtrip import code_of
-from ddp_lab.doctor.tensor_parallel import tensor_parallel_findings
+from ddp_lab.doctor import checks
+from ddp_lab.doctor.checks.api import Subject
+from ddp_lab.doctor.exam import tensor_parallel
+from ddp_lab.doctor.exam.inputs import resolve_model
+from ddp_lab.doctor.userline import code_map, code_of
 from ddp_lab.lessons.l16_tensor_parallel_and_checkpoints import modules as m
 
 LOUD = ("error", "warning")
@@ -66,10 +67,11 @@ def split_proj(model, mesh):
 
 def check(model, example, plan=None, parallelize=None):
     source = resolve_model(model)
-    where = frames.code_map(source.build())
+    where = code_map(source.build())
     if parallelize is not None:
         where.update(code_of(parallelize))
-    return tensor_parallel_findings(source, example, 2, 60, plan, parallelize, where)[1]
+    return tensor_parallel.phase(Subject(source, example, 2, timeout=60, strategy="tp",
+                                         tp_plan=plan, parallelize=parallelize, where=where))[1]
 
 
 def loud(found):

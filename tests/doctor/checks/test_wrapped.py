@@ -7,7 +7,7 @@ import textwrap
 
 import pytest
 
-from ddp_lab.doctor.watch.script_mode import watch_script
+from ddp_lab.doctor.watch.script import watch_script
 from conftest import corpus_report
 
 CORPUS = os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, "corpus", "watch")
@@ -83,3 +83,49 @@ def test_a_no_op_move_and_a_change_wrapped_again_are_not_findings(tmp_path):
     report = run(str(path))
     assert [(f.code, f.where) for f in report.findings if f.severity != "info"] == []
     assert report.status == "ok"
+
+
+# FSDP2's resume (pytorch/examples distributed/FSDP2/checkpoint.py): after fully_shard, the full
+# state is distributed to DTensors and loaded with assign=True; FSDP2 takes the new parameters
+# (a load_state_dict post-hook, torch/distributed/fsdp/_fully_shard/_fsdp_param.py:221-224).
+# Under DDP the same assign=True leaves the reducer on the old parameters.
+ASSIGN = """
+import torch, torch.distributed as dist, torch.nn as nn
+from torch.distributed.tensor import distribute_tensor
+from torch.distributed.fsdp import fully_shard
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def main():
+    dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    full = {k: v.clone() for k, v in nn.Linear(4, 4).state_dict().items()}
+    model = nn.Linear(4, 4)
+    WRAP
+    model.load_state_dict(STATE, strict=False, assign=True)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(2):
+        loss = model(torch.randn(8, 4)).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    dist.destroy_process_group()
+
+
+main()
+"""
+FSDP2 = ("fully_shard(model)", "{k: nn.Parameter(distribute_tensor(v, p.device_mesh, p.placements)) "
+                               "for (k, v), p in zip(full.items(), model.state_dict().values())}")
+DDP_ = ("model = DDP(model)", '{"module." + k: nn.Parameter(v) for k, v in full.items()}')
+
+
+@pytest.mark.parametrize("wrap,state,found", [(*FSDP2, []), (*DDP_, ["parameter replaced"])])
+def test_load_state_dict_with_assign_after_the_wrap(tmp_path, wrap, state, found):
+    path = tmp_path / "train.py"
+    path.write_text(textwrap.dedent(ASSIGN).replace("WRAP", wrap).replace("STATE", state))
+    report = watch_script(str(path), nproc=2, timeout=90, checks=["wrapped"])
+    hits = [f for f in report.findings if f.code == "model-changed-after-wrap"]
+    assert [w for f in hits for w in found if w in f.title] == found, [(f.title, f.where) for f in hits]
+    assert all(f.where.startswith("train.py:14: model.load_state_dict") for f in hits)
+    assert report.status == "ok" and all(len(r["steps"]) >= 2 for r in report.evidence.ranks)
+    assert all(not r.get("check-errors") for r in report.evidence.ranks)

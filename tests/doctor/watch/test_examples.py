@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from ddp_lab.doctor.watch.script_mode import watch_script
+from ddp_lab.doctor.watch.script import watch_script
 
 EXAMPLES = Path(__file__).parents[3] / "examples" / "scripts"
 

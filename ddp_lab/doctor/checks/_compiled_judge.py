@@ -1,0 +1,213 @@
+"""The compiled check's judge for a watched run (compiled.py; the ranks' records from
+_compiled_rank.py): fullgraph failures, recompiles every step, ranks compiling differently,
+graph breaks in the script's code."""
+from __future__ import annotations
+
+import re
+
+from ..userline import short_paths
+from .api import Finding
+
+LESSON = "15"
+DYNAMO_ERRORS = ("Unsupported", "UserError", "UncapturedHigherOrderOpError")  # torch/_dynamo/exc.py
+
+
+def judge(ev) -> list[Finding]:
+    """`ev`: a watched run's Evidence."""
+    if not any(r.get("compiles") or r.get("compile-breaks") for r in ev.ranks):
+        return []
+    return _fullgraph(ev) + _recompiles(ev) + _differ(ev) + _breaks(ev)
+
+
+def _site(ev, kind: str):
+    return next((r["compile-sites"][kind] for r in ev.ranks if r.get("compile-sites")),
+                {} if kind != "hooks" else [])
+
+
+def _failed(ev) -> bool:
+    if ev.run is not None and ev.run.status != "ok":
+        return True
+    return any(r.get("hung") or r.get("error") for r in ev.ranks)
+
+
+def _fullgraph(ev) -> list[Finding]:
+    rank, err = next(((r, x["error"]) for r, x in enumerate(ev.ranks) if x.get("error")
+                      and x["error"].get("type") in DYNAMO_ERRORS), (None, None))
+    if err is None:
+        return []
+    message = err.get("message", "")
+    lines = [ln.strip() for ln in message.splitlines() if ln.strip()]
+    hints = [ln for ln in lines if ln.startswith("Hint:")][:2]
+    traced = re.findall(r'File "(.+?)", line (\d+)', message.split("from user code:", 1)[-1])
+    where, why = "", ""
+    if "backwards hooks" in message:  # torch/_dynamo/variables/distributed.py:174
+        where = next(iter(_site(ev, "hooks")), "")
+        why = "the module backward hook registered here: dynamo cannot trace it without compiled autograd"
+    elif traced and traced[-1][0].replace("\\", "/").endswith("torch/nn/parallel/distributed.py"):
+        where = next((s.get("line", "") for r in ev.ranks for s in r.get("compile-settings", [])
+                      if s.get("fullgraph") == "True"), "")
+        why = ("fullgraph=True on the DDP wrapper: DDP's own forward breaks the graph "
+               "(torch/nn/parallel/distributed.py), and DDPOptimizer splits it at every bucket")
+    if not where:
+        where = next((c["fail"]["at"] for c in ev.ranks[rank].get("compiles", [])
+                      if c.get("fail", {}).get("at")), "") or err.get("line", "")
+    ev_lines = [f"rank {rank}: PyTorch ({err['type']}): {short_paths(lines[0]) if lines else ''}"]
+    if "DDP" not in why:  # for DDP's own break PyTorch's hints speak of code that is not the user's
+        ev_lines += [short_paths(f"PyTorch's {h[0].lower()}{h[1:]}") for h in hints]
+    if why:
+        ev_lines.append(f"the cause: {why}")
+    return [Finding(
+        "error", "fullgraph-failed", LESSON,
+        "torch.compile(fullgraph=True) cannot capture the model in one graph: the script fails",
+        ev_lines, _fullgraph_fix(message, why), where=where)]
+
+
+def _fullgraph_fix(message: str, why: str) -> str:
+    if "backwards hooks" in message:
+        return ("hook the module's parameters instead (p.register_hook or "
+                "register_post_accumulate_grad_hook, registered before compiling: they run "
+                "outside the graph; corpus 53's fixed script), enable compiled autograd as "
+                "PyTorch's hint says, or drop fullgraph=True")
+    if "DDP" in why:
+        return ("compile the module, then wrap it: DDP(torch.compile(model, fullgraph=True)); or "
+                "keep fullgraph=False on the DDP model (its breaks are DDP's own)")
+    return ("make that line traceable (no data-dependent Python branch, .item(), print or "
+            "untraceable call in the compiled code), or drop fullgraph=True")
+
+
+def _recompiles(ev) -> list[Finding]:
+    groups: dict = {}
+    for rank, r in enumerate(ev.ranks):
+        for c in r.get("compiles", []):
+            g = c.get("recompile")
+            if g and c["step"] >= 1:
+                e = groups.setdefault((c["fn"], g["group"]), {"ranks": {}, "values": set(), "c": c})
+                e["ranks"].setdefault(rank, set()).add(c["step"])
+                e["values"].add(g["value"])
+    found = []
+    for (fn, group), e in groups.items():
+        if max(len(s) for s in e["ranks"].values()) < 2 or len(e["values"]) < 2:
+            continue
+        g, c = e["c"]["recompile"], e["c"]
+        where = _changed_at(ev, g, c)
+        ev_lines = [f"rank {r}: {fn} recompiled in steps {', '.join(map(str, sorted(s)))}"
+                    for r, s in sorted(e["ranks"].items())]
+        ev_lines.append(f"PyTorch's guard that failed: {g['guard']}"
+                        + (f" (read at {g['read']})" if g["read"] else ""))
+        if g["hint"]:
+            ev_lines.append(f"PyTorch's hint: {g['hint']}")
+        ev_lines.append("past torch._dynamo.config.recompile_limit (8, torch/_dynamo/config.py:121) "
+                        "dynamo stops compiling the function and runs it eagerly")
+        what = ("an input's size changes between steps and each size is compiled anew"
+                if g["shape"] else f"{g['name'] or 'a value'} changes between steps and is a "
+                "constant of the compiled graph")
+        fix = ("keep the size fixed (pad to it), or mark that dimension dynamic before the call "
+               "(torch._dynamo.mark_dynamic(x, dim))" if g["shape"] else
+               "keep what changes every step in a tensor (a buffer updated in place with .fill_(), "
+               "or a tensor argument, e.g. lr=torch.tensor(0.01)), not in a Python int or float")
+        found.append(Finding("warning", "recompiles-every-step", LESSON,
+                             f"torch.compile recompiles {fn} every step: {what}", ev_lines, fix,
+                             where=where))
+    return found
+
+
+def _changed_at(ev, g: dict, c: dict) -> str:
+    """The user's line that changes what the guard reads: an assignment to that attribute or key,
+    a keyword that sets it (an optimizer's lr=), else the call that passes it in."""
+    name = g["name"]
+    local = re.match(rf"^{re.escape(name)}\s*==", g["guard"]) if name else None
+    if name and not local:
+        sites = _site(ev, "assign").get(name) or _site(ev, "keyword").get(name)
+        if sites:
+            return sites[0]
+    return c.get("call") or g.get("read", "")
+
+
+def _signature(c: dict) -> tuple:
+    g = c.get("recompile") or {}
+    return (c["fn"], c["file"], c["first"], c["ops"], g.get("group", ""))
+
+
+def _differ(ev) -> list[Finding]:
+    from collections import Counter
+
+    per = [{} for _ in ev.ranks]
+    for rank, r in enumerate(ev.ranks):
+        for c in r.get("compiles", []):
+            per[rank].setdefault(c["step"], []).append(c)
+    ended = min((len([s for s in ev.steps(r) if s.get("end")]) for r in range(len(ev.ranks))),
+                default=0)
+    failed = _failed(ev)
+    for step in range(ended + (1 if failed else 0)):
+        counts = [Counter(map(_signature, p.get(step, []))) for p in per]
+        if all(c == counts[0] for c in counts[1:]):
+            continue
+        union = sum(counts, Counter())
+        extra = [(r, c) for r, p in enumerate(per) for c in p.get(step, [])
+                 if counts[r][_signature(c)] * len(counts) > union[_signature(c)]]
+        if not extra:
+            continue
+        shape = all(c.get("recompile", {}).get("shape") for _, c in extra)
+        level = "error" if failed and step >= ended else "info" if shape else "warning"
+        return [_differ_finding(ev, per, step, extra, level)]
+    return []
+
+
+def _differ_finding(ev, per, step, extra, level) -> Finding:
+    ev_lines = []
+    for rank in range(len(ev.ranks)):
+        mine = sorted(per[rank].get(step, []), key=lambda c: not c.get("user"))
+        ev_lines.append(f"rank {rank}, step {step}: compiled " + (", ".join(
+            f"{c['fn']} ({c['file']}:{c['first']}, {c['ops']} ops"
+            + (f", guard failed: {c['recompile']['guard']}" if c.get("recompile") else "") + ")"
+            for c in mine[:4]) or "nothing"))
+    rank, first = extra[0]
+    ev_lines.append("DDP's all-reduces stay in its reducer, so the sums stay right; but the rank "
+                    "that compiles alone holds every other rank in the next all-reduce for the "
+                    "whole compile (a collective timeout on a large model), and with compiler or "
+                    "guard collectives the ranks hang")
+    if level == "error":
+        ev_lines.append("the run then failed or hung in that step")
+    return Finding(
+        level, "ranks-compile-differently", LESSON,
+        f"the ranks compile differently in step {step}: rank {rank} compiles what the others do not",
+        ev_lines,
+        "run the compiled model the same way on every rank (evaluate on all ranks and log on "
+        "rank 0, or evaluate with the uncompiled module); compile every mode before the loop on "
+        "every rank (a warm-up step)", where=first.get("call", ""))
+
+
+def _breaks(ev) -> list[Finding]:
+    seen: dict = {}
+    for rank, r in enumerate(ev.ranks):
+        for b in r.get("compile-breaks", []):
+            if b.get("where"):
+                e = seen.setdefault((b["where"], b["reason"]), {"ranks": set(), "steps": {}, "b": b})
+                e["ranks"].add(rank)
+                e["steps"].setdefault(rank, set()).add(b["step"])
+    if not seen:
+        return []
+    again = [k for k, e in seen.items() if any(len({s for s in st if s >= 1}) >= 2
+                                               for st in e["steps"].values())]
+    ev_lines = [f"{where}: {reason}" + (f" ({e['b']['explain']})" if e["b"].get("explain") else "")
+                + f" (rank{'s' if len(e['ranks']) > 1 else ''} {', '.join(map(str, sorted(e['ranks'])))})"
+                for (where, reason), e in seen.items()]
+    ev_lines.append("each break ends a graph: the code around it runs eagerly" + (
+        ", and DDPOptimizer cuts the graphs on each side at DDP's buckets again" if _ddp_compiled(ev)
+        else ""))
+    if again:
+        ev_lines.append("traced again in several steps: the break is recompiled, not only run")
+    first = again[0] if again else next(iter(seen))
+    return [Finding(
+        "warning" if again else "info", "graph-break", LESSON,
+        f"torch.compile breaks the graph in the script's code ({len(seen)} place"
+        f"{'' if len(seen) == 1 else 's'})", ev_lines,
+        "make that line traceable (no print, .item(), data-dependent Python branch or "
+        "untraceable call inside the compiled code), or move it out", where=first[0])]
+
+
+def _ddp_compiled(ev) -> bool:
+    """A DDP model under torch.compile (compiled around DDP, or DDP around a compiled module)."""
+    return any((m["kind"] == "compiled" and m["type"] == "DistributedDataParallel")
+               or (m["kind"] == "ddp" and m["type"] == "OptimizedModule")
+               for r in ev.ranks for m in r.get("models", []))

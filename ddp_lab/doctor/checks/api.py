@@ -1,0 +1,205 @@
+"""The types a check works with, in one place: what a check module imports (with the user's line,
+ddp_lab/doctor/userline.py), and nothing of the tools above it.
+
+    from .api import Check, Finding
+
+    def attach(ctx: Context): ...     # watch, on each rank before the user's code runs
+    def judge(ev: Evidence) -> list[Finding]: ...   # in the parent, for every tool it serves
+    CHECK = Check(name="mine", mechanism="...", lesson="07", codes={"my-code": "warning"},
+                  attach=attach, judge=judge, tools=("watch",), tests="tests/doctor/checks/test_mine.py")
+
+- `Check`: a check's declaration (the registry, checks/__init__.py, finds it by its module).
+- `Context` (context.py): one rank's view of a watched run: the rank, the step, `models`
+  (the `Watched` models the script wrapped), `add`/`emit` (plain data the parent reads back),
+  the callbacks (`on_step_end`, `on_model`, `on_finish`, `on_torch_function`), `user_line()` and
+  `guard(fn)` (a check's own exception is recorded, never raised into the user's code).
+- `Evidence`: what a judge reads in the parent: `ranks` (per rank, {key: value}: RANK_KEYS
+  below for watch; a phase's records and returned value for the doctor), `run` (the launch's
+  RunResult; None under torchrun), and for the doctor `subject` (the `Subject` it examined) and
+  `where` (the code map that names code shipped by value).
+- `Subject`: the doctor's subject, frozen: what the user asked the doctor to examine.
+- `Finding`, `Report` (report.py), `brief` (a long message cut), `digest` (a tensor's hash).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from ..report import Finding, Report, brief
+from .context import KEEP, Context, Watched, class_name
+
+__all__ = ["Check", "Context", "Evidence", "Finding", "KEEP", "MODEL_CHANGES", "RANK_KEYS",
+           "Report", "Subject", "TIMED_OUT", "TOOLS", "Watched", "brief", "class_name", "digest"]
+TOOLS = ("watch", "doctor")
+LEVELS = ("error", "warning", "info")
+MODEL_CHANGES = "model-changes"  # the wrapped check's record, which the state check reads too
+# a collective that timed out, as gloo and the script's own process-group timeout say it: a hang,
+# never a root cause (the collectives and raised checks)
+TIMED_OUT = re.compile(r"Timed out waiting|timed out|Timeout", re.I)
+
+
+@dataclass(frozen=True)
+class Check:
+    """A check's declaration. `judge` is required; `attach` is watch's rank side (the doctor's
+    checks are fed by the doctor's own phases, which record on the ranks). Checks are judged in
+    the registry's order (by name): a judge sees the ranks' records, not other checks'
+    findings; the report sorts findings by severity, lesson and code."""
+
+    name: str  # the module's name
+    mechanism: str  # one line: what it judges (the docs' table of checks)
+    lesson: str  # the lesson that teaches the error class
+    codes: dict  # finding code -> the most severe level it is given at
+    judge: Callable  # judge(evidence) -> list[Finding]
+    attach: Callable | None = None  # attach(ctx) on each rank of a watched run
+    tools: tuple = ("watch",)
+    # the strategies whose rule its findings are (the report's strategy filter, strategies.py's
+    # judged_under, and the "(DDP only)" beside a finding); None: every strategy's, or per code
+    # as strategies.STRATEGIES_OF says; a finding that names its own keeps them
+    strategies: tuple | None = None
+    tests: str | tuple = ""  # the test file(s) holding its failing and passing tests
+    notes: tuple = field(default=())  # what it does not see (the docs' table of checks)
+
+    def __post_init__(self):
+        bad = [t for t in self.tools if t not in TOOLS]
+        if bad:
+            raise ValueError(f"check {self.name}: tools must be among {TOOLS}, got {bad}")
+        if not self.codes or any(v not in LEVELS for v in self.codes.values()):
+            raise ValueError(f"check {self.name}: codes must map each code to one of {sorted(LEVELS)}")
+
+
+@dataclass(frozen=True)
+class Subject:
+    """What the doctor examines, as the user gave it (validated): one object every phase of the
+    doctor takes (`phase(subject) -> (run, findings)`) and every doctor check reads
+    (`ev.subject`). It travels to the ranks whole (the launcher pickles it)."""
+
+    source: Any  # exam/inputs.ModelSource: .build() gives a fresh instance, .name the user's
+    example: Any  # a tensor, a tuple of forward's arguments, a dict of them, or rank -> batch
+    world_size: int = 2
+    steps: int = 3
+    loss: Any = None  # exam/inputs.Loss: the user's loss_fn, or the default
+    amp: str | None = None  # "bf16", "fp16" or None
+    ddp_kwargs: dict = field(default_factory=dict)  # the user's DDP settings, validated
+    strategy: str = "ddp"  # "ddp", "fsdp2", "zero3" or "tp"
+    plan: dict | None = None  # exam/shapes.plan: the length odd ranks are cut to, or None
+    tp_plan: Any = None  # the user's tensor-parallel plan, "traced", or None
+    parallelize: Callable | None = None  # the user's own split, fn(model, mesh)
+    compile: dict | None = None  # exam/compile_run.settings_of: the torch.compile settings
+    timeout: float = 60
+    where: dict = field(default_factory=dict)  # userline.code_map of the module (+ parallelize)
+    ranges: dict = field(default_factory=dict)  # userline.code_ranges: its Python modules' functions
+
+
+# What `ev.ranks[r]` holds in a watched run (Context.add: a list, KEEP items at most; emit: one
+# value), key by key, and who writes it. A check adds keys of its own, named after it.
+RANK_KEYS = {
+    # the core (watch/core.py), on every rank
+    "script": "emit: the script's file name",
+    "started": "emit: True once the script (or train_step) started running",
+    "group": "emit: {backend, line}: the process group the script started, and where",
+    "group_started": "emit: whether it ever started one",
+    "models": "add: {kind: ddp|fsdp2|compiled, type: the user's class, line: where wrapped}",
+    "compile-settings": "add: {line, <torch.compile's keyword arguments as repr>}",
+    "error": "emit: {type, message, line, traceback, step, at}: the exception the script raised",
+    "exit": "emit: the script's exit status (0 when it returned)",
+    "hung": "emit (torchrun): {step, after, line, stack, at}: a step that never ended",
+    "lost": "under torchrun: True for a rank that never handed its records over",
+    "check-errors": "add: 'check: Type: message' for a check's own failure (never raised)",
+    "steps": "[{begin, end}] per step (a step ends when an optimizer's step() returns)",
+    "step-hooks": "emit (watch/steps.py): {steps, seconds, max, timeout, first}: the step-end "
+                  "hooks' time, the per-step timeout and the first step's allowance",
+    # the checks' own (see each check's module)
+    "collective-calls": "collectives: {op, step, line, shape, stack} per collective called",
+    "step-line": "collectives: [file, line] of the user's frame at the first step's end",
+    "state": "state: {step, parameter: {name: digest}, buffer: {...}, sharded} per hashed step",
+    "state-edits": "state: edits of parameters or buffers outside the optimizer, per line",
+    "state-models": "state: {kind, line, sync_buffers} per wrapped model",
+    "state-cost": "state: {steps_hashed, seconds}",
+    "model-changes": "wrapped: {what, names, kind, line, wrapped_at, step} per change",
+    "samples": "samples: per DataLoader: {line, dataset, sampler, epochs}",
+    "samples-refused": "samples: {line, type, message}: DataLoader.__init__ raised",
+    "saved": "checkpoints: {where, saved_at, file, path, kind, prefix, how, ok | error | differs}",
+    "reloaded": "checkpoints: {path, where, into: wrapper|module} per strict load_state_dict of a file",
+    "samples-rows": "samples: {line, segments: [{tag, group, step, n, rows}]}: a hash per row of "
+                    "the first input of a data-parallel model's training forward, per DataLoader "
+                    "epoch or step",
+    "loaded-nothing": "checkpoints: load_state_dict(strict=False) that matched nothing",
+    "dcp-saves": "checkpoints: {where, lost, count} per dcp.save",
+    "dcp-loads": "checkpoints: {where, when, keys, shared, ok | differs} per dcp.load",
+    "dcp-unread": "checkpoints: {where, why}: a dcp.save read back failed",
+    "logged.train": "logged: {s, fn, v, grad, red, n} per loss; {s, fn, v, pure, by} per "
+                    "backward (pure: the last loss scaled by numbers; by: [{line, ws}] where)",
+    "logged.wrappers": "emit (logged): [{kind, avg}]: the ranks each model's gradients average",
+    "logged.padding": "logged: {s, line, at, fn, pad, rows, v, real} per reduction over padding",
+    "logged.value": "logged: {s, v, line} per number a logging line shows",
+    "logged.norm": "logged: {s, v, shard, replicated} per gradient norm",
+    "logged.reduce": "logged: {s, i, op, before, after, rows, line} per all_reduce",
+    "compiles": "compiled: one record per frame dynamo compiled",
+    "compile-breaks": "compiled: {step, reason, explain, where} per graph break",
+    "compile-sites": "compiled: {assign, keyword, hooks}: lines of the script's source",
+    "resume-saves": "resume: {where, file, at, step, optimizers, parts: [{what, cls, line, held, "
+                    "pos, lr | scale}]} per torch.save holding an optimizer's state",
+    "resume-continues": "resume: {ord, step, file, where, at, schedulers, scalers, held} at an "
+                        "optimizer's first step after it loaded a state",
+    "resume-starts": "resume: {i, ord, step, line, model, optimizer, n} digests at each "
+                     "optimizer's first step (a DDP model's parameters)",
+    "resume-unused": "resume: {loaded, load, stepping, step}: a loaded optimizer another one replaced",
+    "resume-reads": "resume: {where, file, step} per torch.load from the user's code",
+    "resume-folders": "resume: {line, path} per tempfile.mkdtemp from the user's code",
+    "schedules": "schedule: {cls, length, of, line, length_line, pos, lr, resumed, member} per LR "
+                 "scheduler whose length is known, at its death or the script's end",
+}
+
+
+class Evidence:
+    """What a check's `judge` reads: `ranks` (per rank, {key: value}), `run` (the launch's
+    RunResult; None under torchrun), the script and the world size; for the doctor's checks
+    `subject` (the Subject examined) and `where` (code ranges that name code shipped by value)."""
+
+    def __init__(self, ranks: list[dict], run=None, script: str = "", world_size: int = 0,
+                 args: tuple = (), subject: Subject | None = None, where: dict | None = None):
+        self.ranks = ranks
+        self.run = run
+        self.script = script
+        self.args = tuple(args)
+        self.world_size = world_size or len(ranks)
+        self.subject = subject
+        self.where = where if where is not None else (subject.where if subject else {})
+
+    def steps(self, rank: int) -> list[dict]:
+        return self.ranks[rank].get("steps", []) if rank < len(self.ranks) else []
+
+    def step_at(self, rank: int, when: float) -> int | None:
+        """The step rank `rank` was in at wall-clock time `when`."""
+        found = None
+        for i, s in enumerate(self.steps(rank)):
+            if s.get("begin") is not None and s["begin"] <= when:
+                found = i
+        return found
+
+    @staticmethod
+    def same(values, rel: float = 1e-5) -> bool:
+        values = list(values)
+        if not values:
+            return True
+        ref = values[0]
+        return all(abs(v - ref) <= rel * max(1.0, abs(ref)) for v in values)
+
+
+def digest(t) -> str:
+    """A hash of a tensor's local values (a DTensor's shard): a CPU crc32 of its bytes;
+    elsewhere torch.hash_tensor, an xor of the values, computed where the tensor is. Equal on
+    two ranks when the values are."""
+    import zlib
+
+    import torch
+
+    local = t.to_local() if hasattr(t, "to_local") else t
+    data = local.detach()
+    if data.numel() == 0:
+        return "empty"
+    if data.device.type == "cpu":
+        raw = data.contiguous().reshape(-1).view(torch.uint8).numpy()
+        return f"{zlib.crc32(memoryview(raw)):08x}"
+    return f"{int(torch.hash_tensor(data)):016x}"

@@ -1,0 +1,276 @@
+"""`Context`: what a check works with on each rank of a watched run (where the user's script, or
+the function API's train_step, runs unchanged and the checks attach from outside), and how a
+rank's records are written (JSON lines, as it goes) and read back (`read_records`). The keys a
+rank records are listed in api.py (RANK_KEYS).
+
+A step of the user's loop ends when an optimizer's `step()` returns (PyTorch's global
+`register_optimizer_step_post_hook`): step k runs from the end of step k-1 (or the script's start)
+to the end of step k, so a step that never returns (a hang, an exception) is the step it
+happened in. The models are found where the script wraps them: `DistributedDataParallel(...)`,
+`fully_shard(...)`, `torch.compile(module)` (each wrapped at its class or module attribute before
+the script imports it).
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from ..frames import ScriptFiles
+from ..userline import describe
+
+KEEP = 500  # items kept per `add` key (the newest are dropped: the first are the evidence)
+STEPS_KEPT = 100_000
+
+
+@dataclass
+class Watched:
+    """A model the script wrapped: kind "ddp", "fsdp2" or "compiled"; `module` the plain one."""
+
+    kind: str
+    wrapper: Any
+    module: Any
+    line: str = ""
+
+
+class Context:
+    """One rank's view of the running script, for the checks' hooks (see checks/__init__.py)."""
+
+    def __init__(self, script: str, records_path: str | None = None, folders=(),
+                 dynamic: bool = False):
+        # where the user's code lives: the script's folder (the function API: its functions';
+        # its code travels to the ranks by value, "<dynamic-code>", named again in the parent)
+        self.files = ScriptFiles(script, folders, dynamic)
+        self.script, self.folder = self.files.script, self.files.folder
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        self.step = 0
+        self.records: dict[str, Any] = {}
+        self.steps: list[dict] = [{"begin": time.time(), "end": None}]
+        self._out = open(records_path, "a", encoding="utf-8") if records_path else None
+        self._step_end: list[Callable] = []
+        self._model: list[Callable] = []
+        self._finish: list[Callable] = []
+        self._fsdp: list[Watched] = []
+        self._roots: list[Watched] = []  # FSDP2's roots among _fsdp (models)
+        self._others: list[Watched] = []
+        self._functions: dict[Any, list[Callable]] = {}
+        self._built: dict[type, list[Callable]] = {}  # on_built: class -> callbacks
+        self._local = threading.local()
+        self._stepping_optimizer = None
+        self.steps_by_optimizer = True  # the function API ends a step when train_step returns
+        self.group_started = False
+        self.mode = None  # the TorchFunctionMode serving on_torch_function (watch/core.py)
+        self.finished = False
+        self._write({"step": 0, "begin": self.steps[0]["begin"]})
+
+    # --- recording -------------------------------------------------------------------------
+    def emit(self, key: str, value) -> None:
+        self.records[key] = value
+        self._write({"key": key, "value": value})
+
+    def add(self, key: str, item) -> None:
+        items = self.records.setdefault(key, [])
+        if len(items) < KEEP:
+            items.append(item)
+            self._write({"add": key, "item": item})
+
+    def _write(self, line: dict) -> None:
+        if self._out is not None:
+            try:
+                self._out.write(json.dumps(line, default=str) + "\n")
+                self._out.flush()  # a rank that hangs or dies later still told us this
+            except (OSError, ValueError, TypeError):
+                pass
+
+    # --- callbacks -------------------------------------------------------------------------
+    def on_step_end(self, fn: Callable) -> None:
+        self._step_end.append(fn)
+
+    def on_model(self, fn: Callable) -> None:
+        self._model.append(fn)
+
+    def on_finish(self, fn: Callable) -> None:
+        self._finish.append(fn)
+
+    def on_torch_function(self, funcs, fn: Callable) -> None:
+        """`fn(func, args, kwargs, result)` after any of `funcs` (torch functions or Tensor
+        methods, e.g. torch.Tensor.item, torch.nn.functional.cross_entropy) returns, called
+        from eager code (never while torch.compile traces; never for the checks' own calls).
+        One TorchFunctionMode serves every check (core: core.FunctionWatch)."""
+        for f in funcs:
+            self._functions.setdefault(f, []).append(fn)
+
+    def on_built(self, classes, fn: Callable) -> None:
+        """`fn(ctx, obj, frame)` once an instance of one of `classes` (or of a subclass) is built,
+        `frame` the caller of its constructor: what the script builds beside its models (an
+        optimizer, an LR scheduler, a GradScaler). Each class's `__init__` and its subclasses'
+        own are wrapped once; a subclass's `super().__init__` is the same build, reported once,
+        when the outermost returns. Never for the checks' own builds."""
+        for cls in classes:
+            self._built.setdefault(cls, []).append(fn)
+            for c in [cls, *_subclasses(cls)]:
+                if "__init__" in vars(c) and not getattr(c.__init__, "_watched", False):
+                    c.__init__ = self._built_init(c.__init__)
+
+    def _built_init(self, init):
+        import functools
+
+        @functools.wraps(init)
+        def built(obj, *args, **kwargs):
+            depth = getattr(self._local, "building", 0)
+            self._local.building = depth + 1
+            try:
+                init(obj, *args, **kwargs)
+            finally:
+                self._local.building = depth
+            if depth == 0 and not self.checking:
+                for cls, fns in self._built.items():
+                    for fn in fns if isinstance(obj, cls) else ():
+                        self.guard(fn)(self, obj, sys._getframe(1))
+
+        built._watched = True
+        return built
+
+    def guard(self, fn: Callable) -> Callable:
+        """`fn` wrapped so that an exception of the check's own code is recorded (under
+        "check-errors"), never raised into the user's script."""
+        def guarded(*args, **kwargs):
+            if getattr(self._local, "checking", False):
+                return None
+            try:
+                with self.in_checks():
+                    return fn(*args, **kwargs)
+            except Exception as exc:  # noqa: BLE001 - a check must not break the script
+                self.add("check-errors", f"{getattr(fn, '__qualname__', fn)}: {type(exc).__name__}: {exc}")
+                return None
+        return guarded
+
+    @contextmanager
+    def in_checks(self):
+        """The checks' own torch calls inside: other checks' hooks do not see them."""
+        before = getattr(self._local, "checking", False)
+        self._local.checking = True
+        try:
+            yield
+        finally:
+            self._local.checking = before
+
+    @property
+    def checking(self) -> bool:
+        return getattr(self._local, "checking", False)
+
+    # --- the models ------------------------------------------------------------------------
+    @property
+    def models(self) -> list[Watched]:
+        """DDP and compiled wrappers in the order made, then FSDP2's roots (a fully_shard'ed
+        module inside another one is not a root). Checks read it every step: the roots are
+        worked out when a model is wrapped, the only time they change."""
+        return self._others + self._roots
+
+    def _fsdp_roots(self) -> list[Watched]:
+        return [w for w in self._fsdp
+                if not any(o is not w and any(m is w.module for m in o.module.modules())
+                           for o in self._fsdp)]
+
+    def model_wrapped(self, kind: str, wrapper, module, frame=None) -> None:
+        w = Watched(kind, wrapper, module, self.user_line(frame))
+        (self._fsdp if kind == "fsdp2" else self._others).append(w)
+        if kind == "fsdp2":
+            self._roots = self._fsdp_roots()
+        self.add("models", {"kind": kind, "type": class_name(module), "line": w.line})
+        for fn in self._model:
+            self.guard(fn)(self, w)
+
+    # --- where in the user's code ----------------------------------------------------------
+    def is_user_file(self, filename: str) -> bool:
+        return self.files.holds(filename)
+
+    def user_frame(self, frame=None):
+        """(file, line number, the line's text) of the innermost frame in the user's files."""
+        return self.files.frame(frame or sys._getframe(1))
+
+    def user_line(self, frame=None) -> str:
+        """"train.py:42: loss.backward()", or "" when no frame of the stack is the user's."""
+        found = self.user_frame(frame or sys._getframe(1))
+        return describe(*found) if found else ""
+
+    # --- steps (called by the core) --------------------------------------------------------
+    def step_ended(self, optimizer) -> None:
+        """An optimizer's step returned (None: the function API's train_step returned)."""
+        if optimizer is not None:
+            if not self.steps_by_optimizer:
+                return
+            if self._stepping_optimizer is None:
+                self._stepping_optimizer = optimizer
+            if optimizer is not self._stepping_optimizer:
+                return  # a second optimizer (a GAN's) steps inside the same step
+        now = time.time()
+        self.steps[-1]["end"] = now
+        self._write({"step": self.step, "end": now})
+        for fn in self._step_end:
+            self.guard(fn)(self)
+        self.step += 1
+        if len(self.steps) < STEPS_KEPT:
+            self.steps.append({"begin": time.time(), "end": None})
+            self._write({"step": self.step, "begin": self.steps[-1]["begin"]})
+
+    def finish(self) -> None:
+        if self.finished:
+            return
+        self.finished = True
+        for fn in self._finish:
+            self.guard(fn)(self)
+        if self._out is not None:
+            self._out.close()
+            self._out = None
+
+    def snapshot(self) -> dict:
+        """Everything this rank recorded, as plain data (the torchrun path sends it whole)."""
+        return dict(self.records, steps=self.steps)
+
+
+def _subclasses(cls) -> list:
+    found = []
+    for sub in cls.__subclasses__():
+        found += [sub, *_subclasses(sub)]
+    return found
+
+
+def class_name(module) -> str:
+    """The user's class name: fully_shard swaps a module's class for FSDP<Name> (a subclass of
+    FSDPModule and the original, torch/distributed/fsdp/_fully_shard/_fully_shard.py)."""
+    cls = type(module)
+    if cls.__name__.startswith("FSDP") and len(cls.__bases__) > 1:
+        cls = cls.__bases__[-1]
+    return cls.__name__
+
+
+def read_records(path: str) -> dict:
+    """A rank's records file (JSON lines, written as it went) as {key: value}, with "steps"."""
+    out: dict[str, Any] = {}
+    steps: dict[int, dict] = {}
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return {"steps": []}
+    for line in lines:
+        try:
+            item = json.loads(line)
+        except ValueError:
+            continue  # a line cut short when the rank was killed
+        if "key" in item:
+            out[item["key"]] = item["value"]
+        elif "add" in item:
+            out.setdefault(item["add"], []).append(item["item"])
+        elif "step" in item:
+            s = steps.setdefault(item["step"], {"begin": None, "end": None})
+            s.update({k: v for k, v in item.items() if k in ("begin", "end")})
+    out["steps"] = [steps[k] for k in sorted(steps)]
+    return out
