@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ...instruments.probes import gather
-from ...launching.rankinfo import ddp_kwargs, rank_info
+from ...launching.rankinfo import ddp_kwargs, rank_info, scratch_dir
 from .modules import Net
 
 
@@ -36,7 +36,7 @@ def shared_tmpdir(path: str | None = None):
     """A directory every rank sees: rank 0 makes a temporary one (unless `path` is given) and
     broadcasts its path (a collective); the last rank to leave the block removes it."""
     info = rank_info()
-    box = [tempfile.mkdtemp(prefix="ddp-lab-ckpt-") if path is None and info.is_main else path]
+    box = [tempfile.mkdtemp(prefix="ddp-lab-ckpt-", dir=scratch_dir()) if path is None and info.is_main else path]
     dist.broadcast_object_list(box, src=0)
     try:
         yield box[0]

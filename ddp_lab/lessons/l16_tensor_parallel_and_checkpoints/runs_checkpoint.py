@@ -17,7 +17,7 @@ import tempfile
 import torch
 import torch.distributed as dist
 
-from ...launching.rankinfo import device, rank_info
+from ...launching.rankinfo import device, rank_info, scratch_dir
 from .modules import Noisy, TinyLMFixed, features, tokens
 from .runs import is_dtensor, mesh_of, whole
 
@@ -26,7 +26,7 @@ from .runs import is_dtensor, mesh_of, whole
 def checkpoint_dir():
     """A fresh directory every rank works in (its working directory meanwhile), removed after."""
     rank, here = rank_info().rank, os.getcwd()
-    path = [tempfile.mkdtemp(prefix="ddp-lab-l16-") if rank == 0 else None]
+    path = [tempfile.mkdtemp(prefix="ddp-lab-l16-", dir=scratch_dir()) if rank == 0 else None]
     dist.broadcast_object_list(path, src=0)
     os.chdir(path[0])
     try:
