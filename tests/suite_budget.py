@@ -33,6 +33,9 @@ CHECKED = {
     "watch corpus cases, broken caught": "tests/corpus/test_watch_corpus.py::test_broken_is_caught",
     "watch corpus cases, fixed clean": "tests/corpus/test_watch_corpus.py::test_fixed_has_no_error_or_warning",
     "doctor corpus cases": "tests/corpus/test_doctor_corpus.py::test_broken_is_caught_and_fixed_is_clean",
+    "control set, correct runs quiet":
+        "tests/corpus/test_control_set.py::test_a_correct_script_gives_no_error_or_warning",
+    "control set, upstream bugs caught": "tests/corpus/test_control_set.py::test_an_upstream_bug_is_caught_at_its_line",
 }
 SCENARIO_LABEL = re.compile(r"^\d\d/\w+ (broken|fixed)$")
 
