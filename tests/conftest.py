@@ -29,8 +29,10 @@ def corpus_score():
     return module
 
 
-def _notebook_watch_report(script: str, args, nproc: int, timeout: float):
-    return _suite.notebook_watch_report(script, args, nproc, timeout) if _suite is not None else None
+def _notebook_watch_report(script: str, args, nproc: int, timeout: float, reference=None):
+    if _suite is None:
+        return None
+    return _suite.notebook_watch_report(script, args, nproc, timeout, reference)
 
 
 def corpus_report(path):

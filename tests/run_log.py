@@ -169,9 +169,9 @@ def _cmdline(pid: int) -> str:
 
 
 def _wrap_watch(module, runs: str) -> None:
-    """Keep watch's report on a corpus script run with every check and the default first-step
-    allowance (the call tools/corpus_score.py's watch_run makes), keyed by the call (file, args,
-    nproc, timeout), for the corpus tests to read. The names bound to watch_script in the
+    """Keep watch's report on a corpus script run with every check, the default first-step
+    allowance and no declared global batch (the call tools/corpus_score.py's watch_run makes),
+    keyed by the call (file, args, nproc, timeout, reference), for the corpus tests to read. The names bound to watch_script in the
     package's modules already imported (`from .script import watch_script`: ddp_lab.watch(),
     the CLI) are rebound too; a module imported later takes the wrapped one."""
     watch_script = module.watch_script
@@ -185,9 +185,10 @@ def _wrap_watch(module, runs: str) -> None:
         call.apply_defaults()
         given = dict(call.arguments)
         corpus = corpus_file([given["path"]], {})
-        if corpus and given["checks"] is None and given["first_step_timeout"] is None:
-            _store(runs, watch_key(corpus, given["args"], given["nproc"], given["timeout"]),
-                   {"report": report})
+        if corpus and given["checks"] is None and given["first_step_timeout"] is None \
+                and given.get("global_batch") is None:
+            _store(runs, watch_key(corpus, given["args"], given["nproc"], given["timeout"],
+                                   given.get("reference")), {"report": report})
         return report
 
     kept_watch._kept = True
@@ -196,9 +197,9 @@ def _wrap_watch(module, runs: str) -> None:
             loaded.watch_script = kept_watch
 
 
-def watch_key(corpus: str, args, nproc: int, timeout: float) -> str:
+def watch_key(corpus: str, args, nproc: int, timeout: float, reference=None) -> str:
     """The name a corpus script's watch report is kept under: its file and the call's arguments."""
-    call = json.dumps([list(args), nproc, float(timeout)])
+    call = json.dumps([list(args), nproc, float(timeout), reference])
     return "corpus__" + corpus.replace(os.sep, "__") + "__" + hashlib.sha1(call.encode()).hexdigest()[:12]
 
 
@@ -304,10 +305,10 @@ class Session:
         """The notebook's run of `key` `which`, kept by its kernel: {"result", "leftovers", "t"}."""
         return self._kept(f"{key.replace('/', '__')}__{which}")
 
-    def notebook_watch_report(self, script: str, args, nproc: int, timeout: float):
+    def notebook_watch_report(self, script: str, args, nproc: int, timeout: float, reference=None):
         """watch's report on a corpus script that a notebook ran with these arguments."""
         corpus = corpus_file([script], {})
-        kept = self._kept(watch_key(corpus, args, nproc, timeout)) if corpus else None
+        kept = self._kept(watch_key(corpus, args, nproc, timeout, reference)) if corpus else None
         return kept["report"] if kept else None
 
     def close(self) -> None:

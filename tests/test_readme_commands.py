@@ -201,9 +201,10 @@ def _share_the_corpus_run(argv: list[str], monkeypatch) -> None:
         report, call = corpus_report(script), corpus_score().watch_call(script)
 
         def shared(path, args=(), nproc=2, timeout=60.0, checks=None, progress=None,
-                   first_step_timeout=None, output=None):
-            assert (os.path.abspath(path), list(args), nproc, timeout, checks, first_step_timeout) == (
-                script, call["args"], call["nproc"], call["timeout"], None, None), "not the corpus's call"
+                   first_step_timeout=None, output=None, reference=None, global_batch=None):
+            assert (os.path.abspath(path), list(args), nproc, timeout, checks, first_step_timeout,
+                    reference, global_batch) == (script, call["args"], call["nproc"], call["timeout"],
+                                                 None, None, call["reference"], None), "not the corpus's call"
             return report
 
         monkeypatch.setattr(command, "watch_script", shared)

@@ -33,9 +33,9 @@ ROOT = os.path.realpath(os.path.join(os.path.dirname(os.path.abspath(__file__)),
 RUNNERS: dict[str, Callable] = {}
 LOUD = ("error", "warning")
 # Where watch's reports on corpus scripts may already exist, made elsewhere in the same session
-# with the same call: each a function (script's real path, args, nproc, timeout) -> Report or
-# None. The test suite adds the notebooks' (tests/conftest.py): a notebook that runs a corpus
-# script.
+# with the same call: each a function (script's real path, args, nproc, timeout, reference) ->
+# Report or None. The test suite adds the notebooks' (tests/conftest.py): a notebook that runs
+# a corpus script.
 MADE_ELSEWHERE: list[Callable] = []
 
 
@@ -166,11 +166,13 @@ def run_watch(case: Case, variant: str) -> list:
 
 
 def watch_call(script: str) -> dict:
-    """watch_script's arguments for a corpus script, from its case.toml: args, nproc, timeout."""
+    """watch_script's arguments for a corpus script, from its case.toml: args, nproc, timeout,
+    reference (--reference's steps for a case of that class, else None)."""
     with open(os.path.join(os.path.dirname(os.path.abspath(script)), "case.toml"), "rb") as f:
         spec = tomllib.load(f)
     return {"args": list(spec.get("args", [])), "nproc": spec.get("nproc", 2),
-            "timeout": spec.get("timeout", 60)}
+            "timeout": spec.get("timeout", 60),
+            "reference": REFERENCE_STEPS if is_reference(spec) else None}
 
 
 def watch_report(script: str):
@@ -178,24 +180,33 @@ def watch_report(script: str):
     process: the corpus test, the checks' own tests (tests/doctor/checks) and the README's
     commands share the runs."""
     call = watch_call(script)
-    return watch_run(script, tuple(call["args"]), call["nproc"], call["timeout"])
+    return watch_run(script, tuple(call["args"]), call["nproc"], call["timeout"], call["reference"])
 
 
-def watch_run(script: str, args: tuple, nproc: int, timeout: float):
-    """`ddp-lab watch --nproc-per-node NPROC --timeout T script ARGS`'s Report, once per process
-    and call: one per file however its path is spelled (its real path is the key), taken from
-    MADE_ELSEWHERE where the same call was made there."""
-    return _watch_run(os.path.realpath(script), tuple(args), nproc, timeout)
+REFERENCE_STEPS = 3  # --reference's default
+
+
+def is_reference(spec: dict) -> bool:
+    """A case run under `--reference` (issue 45): its check is "reference", or it is of the class
+    only a one-process run tells (`reference_class = true`)."""
+    return spec.get("check") == "reference" or bool(spec.get("reference_class"))
+
+
+def watch_run(script: str, args: tuple, nproc: int, timeout: float, reference: int | None = None):
+    """`ddp-lab watch --nproc-per-node NPROC --timeout T [--reference-steps K] script ARGS`'s
+    Report, once per process and call: one per file however its path is spelled (its real path
+    is the key), taken from MADE_ELSEWHERE where the same call was made there."""
+    return _watch_run(os.path.realpath(script), tuple(args), nproc, timeout, reference)
 
 
 @lru_cache(maxsize=None)
-def _watch_run(script: str, args: tuple, nproc: int, timeout: float):
+def _watch_run(script: str, args: tuple, nproc: int, timeout: float, reference: int | None):
     from ddp_lab.doctor.watch.script import watch_script
 
     for source in MADE_ELSEWHERE:
-        if (report := source(script, args, nproc, timeout)) is not None:
+        if (report := source(script, args, nproc, timeout, reference)) is not None:
             return report
-    return watch_script(script, list(args), nproc=nproc, timeout=timeout)
+    return watch_script(script, list(args), nproc=nproc, timeout=timeout, reference=reference)
 
 
 register("watch", run_watch)
@@ -217,14 +228,41 @@ def table(scores: list[Score]) -> str:
 
 def tables(scores: list[Score]) -> str:
     """The blind cases and the cases written beside their check, apart: only the first says how
-    watch fares on bugs nobody showed it."""
+    watch fares on bugs nobody showed it; then issue 45's class under --reference."""
     out = []
     for blind, title in ((True, "blind (written by authors who never read the checks)"),
                          (False, "beside (each written with the check meant for it)")):
         group = [s for s in scores if s.case.blind == blind]
         if group:
             out += [f"{title}:", table(group), ""]
+    out.append(reference_table(scores))
     return "\n".join(out).rstrip()
+
+
+def reference_table(scores: list[Score]) -> str:
+    """The cases of issue 45's class (`reference_class = true`), run under --reference: caught by
+    the reference check's codes (whatever check is meant), its line named, its false alarms."""
+    group = [s for s in scores if s.case.spec.get("reference_class")]
+    if not group or s_codes("reference") is None:
+        return ""
+    codes = s_codes("reference")
+    lines = ["reference class (issue 45, under --reference): caught by the reference check:",
+             "| case | caught | line named | false alarms (fixed) |", "|---|---|---|---|"]
+    for s in group:
+        hits = [x.split(" ", 2) for x in s.seen if x.split(" ", 2)[1] in codes]
+        line = s.case.fault_line()
+        named = any(len(h) > 2 and h[2].startswith(f"broken.py:{line}:") for h in hits)
+        alarms = [a for a in s.false_alarms if a.split(":", 1)[0] in codes]
+        lines.append(f"| {s.case.name} | {'yes' if hits else 'no'} | {'yes' if named else 'no'} | "
+                     f"{len(alarms)} |")
+    return "\n".join(lines)
+
+
+def s_codes(check: str) -> list | None:
+    from ddp_lab.doctor.checks import registry
+
+    found = registry().get(check)
+    return list(found.codes) if found else None
 
 
 # --- the control set: correct scripts in the shape of public ones, and their upstream bugs ----

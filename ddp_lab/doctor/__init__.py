@@ -17,8 +17,8 @@ The floors, each importing only those below it (tests/doctor/test_wing_layers.py
                               tensor_parallel (+ tp_plan), compile_run; static checks, inputs,
                               shapes, settings. watch/: the core on each rank (core.py), a script
                               run (script.py, torchrun.py; as_main.py runs the script as Python
-                              does, steps.py times each step, console.py shows its output), the
-                              function API (__init__, rank.py, instruments.py,
+                              does, steps.py times each step, console.py shows its output,
+                              reference_run.py the --reference run), the function API (__init__, rank.py, instruments.py,
                               function_checks.py), `ddp-lab watch` (command.py).
                               Neither imports the other.
     checks/                   the registry: one module per check (`CHECK = Check(...)`), judged

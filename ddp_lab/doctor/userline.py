@@ -4,15 +4,18 @@
 Code that travels to the ranks by value (cloudpickle: a notebook's cells, a file the CLI loaded)
 has no file there: a rank names it `<dynamic-code...>`, and the parent, which still has the
 functions, names it again from a code map ({function name: (file, first line, last line)}).
-Which frame is the user's is decided in frames.py; this module only writes lines.
+Which frame is the user's is decided in frames.py; this module only writes lines, and finds
+them in the user's files by what they store (`stores`: a write no hook can see).
 """
 from __future__ import annotations
 
+import ast
 import inspect
 import linecache
 import os
 import re
 import sys
+from functools import lru_cache
 
 _CELL = re.compile(r".*/ipykernel_\d+/\d+\.py$|<ipython-input-[^>]*>")
 _DYNAMIC = re.compile(r"<dynamic-code:([^>]+)>:(\d+): ?")
@@ -230,3 +233,66 @@ def line_in_function(fn, pattern: re.Pattern) -> str | None:
         if pattern.search(text):
             return line(path, first + i, text.strip())
     return ""
+
+
+# --- statements found by what they store: where a run shows THAT a value changed but no hook sees
+# the write (a plain dict's item, a module's attribute). Each file parsed once.
+
+@lru_cache(maxsize=64)
+def _tree(path: str):
+    try:
+        with open(path, encoding="utf-8") as f:
+            return ast.parse(f.read())
+    except (OSError, SyntaxError, ValueError):
+        return None
+
+
+def _assigned(node) -> list:
+    targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+        node, (ast.AugAssign, ast.AnnAssign)) else []
+    return [e for t in targets for e in (t.elts if isinstance(t, (ast.Tuple, ast.List)) else [t])]
+
+
+def _stored_key(target) -> str | None:
+    key = target.slice if isinstance(target, ast.Subscript) else None
+    return key.value if isinstance(key, ast.Constant) and isinstance(key.value, str) else None
+
+
+def _updated_keys(node) -> set:
+    """Keys a `x.update({...})` / `x.update(k=...)` call stores."""
+    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "update"):
+        return set()
+    keys = {k.arg for k in node.keywords if k.arg}
+    for a in node.args:
+        if isinstance(a, ast.Dict):
+            keys |= {k.value for k in a.keys if isinstance(k, ast.Constant) and isinstance(k.value, str)}
+    return keys
+
+
+def stores(files, keys=(), attr: str | None = None) -> list[str]:
+    """`file.py:12: text` of every statement in `files` that stores one of `keys` as a dict item
+    (`g["lr"] = ...`, `g["lr"] *= ...`, `g.update(lr=...)`) or assigns the attribute `attr`."""
+    keys, out = set(keys), []
+    for path in dict.fromkeys(files):
+        tree = _tree(path)
+        if tree is None:
+            continue
+        for node in ast.walk(tree):
+            hit = any((_stored_key(t) in keys) if keys else False for t in _assigned(node))
+            hit = hit or bool(keys & _updated_keys(node))
+            if attr:
+                hit = hit or any(isinstance(t, ast.Attribute) and t.attr == attr for t in _assigned(node))
+            if hit:
+                out.append((path, node.lineno))
+    return [describe(p, n) for p, n in sorted(set(out))]
+
+
+def user_files(script: str, holds) -> list[str]:
+    """The script and every module the run imported that `holds(path)` says is the user's."""
+    found = [script]
+    for module in list(sys.modules.values()):
+        path = getattr(module, "__file__", None)
+        if path and path.endswith(".py") and holds(path):
+            found.append(path)
+    return list(dict.fromkeys(found))

@@ -265,7 +265,9 @@ def _start_rank(r: int, launch: _LaunchSpec) -> _Rank:
     env = dict(launch.base_env, RANK=str(r), LOCAL_RANK=str(r))
     if launch.as_torchrun:  # torchrun's worker: its variables, none of the launcher's own
         os.mkdir(os.path.join(launch.workdir, f"rank{r}"))
-        env = torchrun_world.worker_env(launch.base_env, r, launch.world_size, launch.run_id,
+        # the scratch folder is the course's ranks' own: a script gets the system's, as under torchrun
+        base = {k: v for k, v in launch.base_env.items() if k != SCRATCH}
+        env = torchrun_world.worker_env(base, r, launch.world_size, launch.run_id,
                                         os.path.join(launch.workdir, f"rank{r}", "error.json"))
     spec = dict(paths, payload=launch.payload, env=env, sys_path=list(sys.path),
                 backend=launch.backend, init_process_group=launch.init_process_group,

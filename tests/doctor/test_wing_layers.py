@@ -35,7 +35,9 @@ USER_LINE = ("userline", "frames")  # the user's line, and which frame is the us
 WATCH = Path(core.__file__).parent
 # the public API, doctor() and watch(): their signatures are the user's
 PUBLIC = {f"{Path(run.__file__).relative_to(WING)}:{run.doctor.__name__}",
-          f"{(WATCH / '__init__.py').relative_to(WING)}:watch"}
+          f"{(WATCH / '__init__.py').relative_to(WING)}:watch",
+          # ddp_lab.watch("train.py", ...) is this function: the public call's keywords, one by one
+          f"{(WATCH / 'script.py').relative_to(WING)}:watch_script"}
 MOST_PARAMETERS = 8
 MOST_LINES = 300
 

@@ -96,6 +96,12 @@ def _recompiles(ev) -> list[Finding]:
                         + (f" (read at {g['read']})" if g["read"] else ""))
         if g["hint"]:
             ev_lines.append(f"PyTorch's hint: {g['hint']}")
+        own = _written_inside(ev, g)
+        if own:
+            ev_lines.append(f"the compiled function changes it itself at {own['writes'][0]} (dynamo "
+                            f"replays that store after the graph) and reads it into the graph at "
+                            f"{', '.join(own['loads'][:3])}: each call's value is the next call's "
+                            "failed guard")
         ev_lines.append("past torch._dynamo.config.recompile_limit (8, torch/_dynamo/config.py:121) "
                         "dynamo stops compiling the function and runs it eagerly")
         what = ("an input's size changes between steps and each size is compiled anew"
@@ -111,11 +117,25 @@ def _recompiles(ev) -> list[Finding]:
     return found
 
 
+def _written_inside(ev, g: dict) -> dict:
+    """The function that read the guarded attribute, when it also writes it (a counter forward
+    increments): {"writes", "loads"} (_compiled_paths.reads_of), else {}."""
+    found = _site(ev, "reads").get(g.get("name") or "") or {}
+    return found if found.get("writes") and found.get("loads") else {}
+
+
 def _changed_at(ev, g: dict, c: dict) -> str:
-    """The user's line that changes what the guard reads: an assignment to that attribute or key,
-    a keyword that sets it (an optimizer's lr=), else the call that passes it in."""
+    """The user's line at fault for a guard that fails every step. When the compiled function
+    itself writes the attribute it reads (forward increments a counter), the line of that
+    function that READS it into the graph (the value that becomes a constant; the write is a
+    side effect dynamo replays); otherwise the line that changes it from outside: an assignment
+    to that attribute or key, a keyword that sets it (an optimizer's lr=), else the call that
+    passes it in."""
     name = g["name"]
     local = re.match(rf"^{re.escape(name)}\s*==", g["guard"]) if name else None
+    own = _written_inside(ev, g) if name and not local else {}
+    if own:
+        return own["loads"][0]
     if name and not local:
         sites = _site(ev, "assign").get(name) or _site(ev, "keyword").get(name)
         if sites:
@@ -124,8 +144,11 @@ def _changed_at(ev, g: dict, c: dict) -> str:
 
 
 def _signature(c: dict) -> tuple:
-    g = c.get("recompile") or {}
-    return (c["fn"], c["file"], c["first"], c["ops"], g.get("group", ""))
+    """A compiled graph, as the same graph on two ranks: its frame, its size and the grad mode
+    it was traced under. Not the guard that failed: that says which graph the frame had
+    compiled BEFORE (rank 0 compiling its eval graph first fails grad_mode on its training
+    graph; rank 1 compiles that training graph fresh)."""
+    return (c["fn"], c["file"], c["first"], c["ops"], c.get("grad"))
 
 
 def _differ(ev) -> list[Finding]:
@@ -148,12 +171,21 @@ def _differ(ev) -> list[Finding]:
         if not extra:
             continue
         shape = all(c.get("recompile", {}).get("shape") for _, c in extra)
-        level = "error" if failed and step >= ended else "info" if shape else "warning"
-        return [_differ_finding(ev, per, step, extra, level)]
+        alone = {r for r, _ in extra}
+        nograd = all(c.get("grad") is False for _, c in extra)
+        busy = all(per[r].get(step) for r in range(len(per)) if r not in alone)
+        level = ("error" if failed and step >= ended else
+                 "info" if shape or (nograd and busy) else "warning")
+        return [_differ_finding(ev, per, step, extra, level, nograd, busy)]
     return []
 
 
-def _differ_finding(ev, per, step, extra, level) -> Finding:
+def _differ_finding(ev, per, step, extra, level, nograd=False, busy=False) -> Finding:
+    """`nograd`: every graph only some ranks compiled was traced under no_grad (an evaluation
+    one rank runs alone); `busy`: every other rank compiled in that step too (the run's
+    warm-up: no rank runs compiled while another compiles). Both: a note (nanoGPT evaluates
+    on rank 0 at iteration 0); the same evaluation compiled later, while the others compile
+    nothing and wait in the next all-reduce for the whole compile (corpus 52), a warning."""
     ev_lines = []
     for rank in range(len(ev.ranks)):
         mine = sorted(per[rank].get(step, []), key=lambda c: not c.get("user"))
@@ -168,6 +200,18 @@ def _differ_finding(ev, per, step, extra, level) -> Finding:
                     "guard collectives the ranks hang")
     if level == "error":
         ev_lines.append("the run then failed or hung in that step")
+    elif nograd and not busy:
+        ev_lines.append("every graph compiled on one rank only was traced under no_grad (an "
+                        "evaluation that rank runs alone), in a step in which the others compiled "
+                        "nothing: they run compiled and wait in the next all-reduce for its whole "
+                        "compile")
+    elif nograd:
+        ev_lines.append("every graph compiled on one rank only was traced under no_grad, in a "
+                        "region that rank runs alone (evaluation on rank 0, as nanoGPT does), and "
+                        "in a step in which every other rank compiled its own graphs too (the "
+                        "warm-up): DDP's reducer is not involved (no backward) and no rank ran "
+                        "compiled while it waited: a note; the same compile in a later step, "
+                        "while the others compile nothing, is a warning")
     return Finding(
         level, "ranks-compile-differently", LESSON,
         f"the ranks compile differently in step {step}: rank {rank} compiles what the others do not",
@@ -178,17 +222,28 @@ def _differ_finding(ev, per, step, extra, level) -> Finding:
 
 
 def _breaks(ev) -> list[Finding]:
+    """Graph breaks in the script's code: a note, or a warning when the break recurs every step:
+    dynamo traces it again in two or more steps after the first (it is recompiled), or it lies
+    on the path of every call of a compiled module's forward (_compiled_paths.on_every_call)
+    and that compiled callable ran in every step after the one that traced it, two at least
+    (it is run: two graphs and Python between them, every step). A break under a Python branch
+    (a logging path) or in code run on some steps only (evaluation, a warm-up) stays a note."""
     seen: dict = {}
     for rank, r in enumerate(ev.ranks):
         for b in r.get("compile-breaks", []):
             if b.get("where"):
-                e = seen.setdefault((b["where"], b["reason"]), {"ranks": set(), "steps": {}, "b": b})
+                e = seen.setdefault((b["where"], b["reason"]), {"ranks": set(), "steps": {}, "b": b,
+                                                                "every": {}})
                 e["ranks"].add(rank)
                 e["steps"].setdefault(rank, set()).add(b["step"])
+                if "every_call" in b and rank not in e["every"]:
+                    e["every"][rank] = _every_step(ev, rank, b)
     if not seen:
         return []
     again = [k for k, e in seen.items() if any(len({s for s in st if s >= 1}) >= 2
                                                for st in e["steps"].values())]
+    every = [k for k, e in seen.items() if k not in again and e["every"]
+             and all(e["every"].values())]
     ev_lines = [f"{where}: {reason}" + (f" ({e['b']['explain']})" if e["b"].get("explain") else "")
                 + f" (rank{'s' if len(e['ranks']) > 1 else ''} {', '.join(map(str, sorted(e['ranks'])))})"
                 for (where, reason), e in seen.items()]
@@ -197,13 +252,36 @@ def _breaks(ev) -> list[Finding]:
         else ""))
     if again:
         ev_lines.append("traced again in several steps: the break is recompiled, not only run")
-    first = again[0] if again else next(iter(seen))
+    for key in every:
+        steps = next(iter(seen[key]["every"].values()))
+        ev_lines.append(f"{key[0].split(': ', 1)[0]}: on the path of every call of the compiled forward (under no "
+                        f"Python branch of yours), which ran in every step after it was traced "
+                        f"(steps {steps[0]}-{steps[1]}): dynamo compiled it once and runs it on "
+                        "each call, the graph before it, Python for that line, the graph after it")
+    loud = again + every
+    first = loud[0] if loud else next(iter(seen))
     return [Finding(
-        "warning" if again else "info", "graph-break", LESSON,
+        "warning" if loud else "info", "graph-break", LESSON,
         f"torch.compile breaks the graph in the script's code ({len(seen)} place"
-        f"{'' if len(seen) == 1 else 's'})", ev_lines,
+        f"{'' if len(seen) == 1 else 's'})" + (", every step" if loud else ""), ev_lines,
         "make that line traceable (no print, .item(), data-dependent Python branch or "
-        "untraceable call inside the compiled code), or move it out", where=first[0])]
+        "untraceable call inside the compiled code: a branch on a tensor's value can be "
+        "torch.where or an unconditional clamp), or move it out of forward", where=first[0])]
+
+
+def _every_step(ev, rank: int, b: dict):
+    """(first, last) step after the break's own in which its compiled callable ran, when it ran
+    in each of them (two at least) and the break is on every call's path of a forward; else
+    None."""
+    ran = ev.ranks[rank].get("compile-ran") or []
+    index = b.get("callable")
+    if not (b.get("forward") and b.get("every_call")) or index is None or index >= len(ran):
+        return None
+    called = {s for a, z in ran[index] for s in range(a, z + 1)}
+    after = range(b["step"] + 1, len([s for s in ev.steps(rank) if s.get("end")]))
+    if len(after) < 2 or any(s not in called for s in after):
+        return None
+    return after[0], after[-1]
 
 
 def _ddp_compiled(ev) -> bool:

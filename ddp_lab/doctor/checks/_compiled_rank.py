@@ -1,6 +1,8 @@
 """The compiled check's rank side in a watched run (compiled.py): every frame dynamo compiles
-and every graph break, stamped with the step, and the script's lines that may set what a guard
-read. Nothing printed, nothing raised into the user's loop."""
+(with the grad mode it was compiled under and the compiled callable whose call compiled it),
+every graph break (and whether it lies on the path of every call of a compiled module's
+forward: _compiled_paths.py), the steps in which each compiled callable ran, and the script's
+lines that may set what a guard read. Nothing printed, nothing raised into the user's loop."""
 from __future__ import annotations
 
 import ast
@@ -11,6 +13,7 @@ import re
 
 from ..frames import in_package
 from ..userline import describe, short_paths
+from ._compiled_paths import on_every_call, reads_of
 
 GRAPH_BREAKS = "torch._dynamo.symbolic_convert.__graph_breaks"  # symbolic_convert.py:222
 HOOK_CALLS = ("register_full_backward_hook", "register_backward_hook",
@@ -18,13 +21,17 @@ HOOK_CALLS = ("register_full_backward_hook", "register_backward_hook",
 
 
 class _Breaks(logging.Handler):
-    def __init__(self, ctx):
+    def __init__(self, ctx, state):
         super().__init__(logging.DEBUG)
-        self.ctx = ctx
+        self.ctx, self.state = ctx, state
 
     def emit(self, record):  # called while dynamo traces: it must never raise
         try:
-            self.ctx.add("compile-breaks", _break(self.ctx, record.getMessage()))
+            message = record.getMessage()
+            b = _break(self.ctx, message)
+            b["callable"] = self.state["active"]
+            b.update(on_every_call(self.ctx, message))
+            self.ctx.add("compile-breaks", b)
         except Exception as exc:  # noqa: BLE001
             self.ctx.add("check-errors", f"compiled break handler: {type(exc).__name__}: {exc}")
 
@@ -82,14 +89,18 @@ def _guard(text: str) -> dict:
 
 
 def _compile(ctx, m, step: int, calls: dict) -> dict:
+    started = calls.get(str(m.compile_id)) or {}
     rec = {"step": step, "fn": m.co_name, "file": os.path.basename(m.co_filename or ""),
            "first": m.co_firstlineno, "ops": m.graph_op_count, "user": ctx.is_user_file(
                m.co_filename or ""),
-           "call": calls.get(str(m.compile_id)) or _user_call(ctx, m.stack_trace)}
+           "call": started.get("line") or _user_call(ctx, m.stack_trace),
+           "grad": started.get("grad"), "callable": started.get("callable")}
     if m.recompile_reason:
         g = _guard(m.recompile_reason)
         read = g.pop("read")
-        g["read"] = describe(read[0], int(read[1])) if read and ctx.is_user_file(read[0]) else ""
+        mine = bool(read) and ctx.is_user_file(read[0])
+        g["read"] = describe(read[0], int(read[1])) if mine else ""
+        g["read_at"] = [read[0], int(read[1])] if mine else None
         rec["recompile"] = g
     if m.fail_type:
         at = m.fail_user_frame_filename
@@ -104,14 +115,19 @@ def attach(ctx) -> None:
     as nn.Module.compile also calls it): a script that never compiles does not import dynamo."""
     import torch
 
-    state = {"last": None, "calls": {}, "undo": []}
+    state = {"last": None, "calls": {}, "undo": [], "active": None, "ran": []}
     compile_ = torch.compile
 
     @functools.wraps(compile_)
     def compile_seen(*args, **kwargs):
         if not state["undo"]:
             ctx.guard(_install)(ctx, state)
-        return compile_(*args, **kwargs)
+        if (args[0] if args else kwargs.get("model")) is None:  # @torch.compile(...): a factory
+            kwargs.pop("model", None)
+            return lambda fn: compile_seen(fn, **kwargs)
+        out = compile_(*args, **kwargs)
+        counted = ctx.guard(_counted)(ctx, state, out)
+        return out if counted is None else counted  # (a module's truth is its len())
 
     torch.compile = compile_seen
 
@@ -123,6 +139,7 @@ def attach(ctx) -> None:
         _flush(c, state, c.step)
         if state["undo"]:
             c.emit("compile-sites", _sites(c))
+            c.emit("compile-ran", [_ranges(steps) for steps in state["ran"]])
 
     ctx.on_step_end(lambda c: _flush(c, state, c.step))
     ctx.on_finish(finish)
@@ -134,12 +151,20 @@ def _install(ctx, state) -> None:
     calls = state["calls"]
     # the user's line that called into the frame dynamo compiles: its start callback runs with
     # the caller's Python stack intact (convert_frame.py:1681, callback.py); the stack that
-    # CompilationMetrics keeps skips the immediate caller of a compiled function
-    started = ctx.guard(lambda args: calls.__setitem__(args.compile_id, ctx.user_line()))
+    # CompilationMetrics keeps skips the immediate caller of a compiled function. Only dynamo's
+    # own trigger: a backward that AOT compiles lazily calls back with the same compile id from
+    # loss.backward() (callback.py CallbackTrigger.LAZY_BACKWARD). The grad mode is the one the
+    # frame is traced under (a graph compiled under no_grad is an inference graph).
+    def start(args):
+        if getattr(args.callback_trigger, "name", "DYNAMO") == "DYNAMO":
+            calls.setdefault(args.compile_id, {"line": ctx.user_line(), "callable": state["active"],
+                                               "grad": torch.is_grad_enabled()})
+
+    started = ctx.guard(start)
     torch._dynamo.callback_handler.register_start_callback(started)
     logger = logging.getLogger(GRAPH_BREAKS)
     before = (logger.level, logger.propagate)
-    handler = _Breaks(ctx)
+    handler = _Breaks(ctx, state)
     if not logger.isEnabledFor(logging.DEBUG):  # not asked for by TORCH_LOGS: print nothing
         logger.setLevel(logging.DEBUG)
         logger.propagate = False
@@ -171,14 +196,60 @@ def _flush(ctx, state, step: int) -> None:
         state["last"] = metrics[-1]
 
 
+def _counted(ctx, state, out):
+    """What torch.compile returned, its calls counted per step (`compile-ran`): a module's
+    forward, or the compiled function. While it runs, `state["active"]` is its index, which the
+    frames it compiles and the breaks they trace carry."""
+    import torch
+
+    index = len(state["ran"])
+    steps: list[int] = []
+    state["ran"].append(steps)
+
+    def counting(fn):
+        @functools.wraps(fn)
+        def call(*args, **kwargs):
+            if not steps or steps[-1] != ctx.step:
+                steps.append(ctx.step)
+            outer, state["active"] = state["active"], index
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                state["active"] = outer
+        return call
+
+    if isinstance(out, torch.nn.Module):
+        out.forward = counting(out.forward)
+        return out
+    return counting(out) if callable(out) else out
+
+
+def _ranges(steps: list[int]) -> list[list[int]]:
+    """[3, 4, 5, 9] -> [[3, 5], [9, 9]]."""
+    out: list[list[int]] = []
+    for s in steps:
+        if out and s == out[-1][1] + 1:
+            out[-1][1] = s
+        elif not out or s > out[-1][1]:
+            out.append([s, s])
+    return out
+
+
 def _sites(ctx) -> dict:
     """Lines of the user's files that may set what a guard read or what dynamo refused:
     assignments to the names the failed guards read (outside __init__), calls passing them as
-    keywords, and module backward-hook registrations."""
-    names = {c["recompile"]["name"] for c in ctx.records.get("compiles", [])
-             if c.get("recompile", {}).get("name")}
+    keywords, module backward-hook registrations, and for each guarded name the function that
+    read it (`reads`: its own writes of the name and the lines that load it)."""
+    guards = [c["recompile"] for c in ctx.records.get("compiles", [])
+              if c.get("recompile", {}).get("name")]
+    names = {g["name"] for g in guards}
     files = {ctx.script}
-    out = {"assign": {}, "keyword": {}, "hooks": []}
+    out = {"assign": {}, "keyword": {}, "hooks": [], "reads": {}}
+    for g in guards:
+        if g.get("read_at") and g["name"] not in out["reads"]:
+            found = reads_of(*g["read_at"], g["name"])
+            if found:
+                out["reads"][g["name"]] = found
     for path in sorted(files):
         try:
             tree = ast.parse(open(path, encoding="utf-8").read())

@@ -5,16 +5,26 @@ from __future__ import annotations
 
 from .api import MODEL_CHANGES as CHANGES, Finding  # what checks/wrapped.py records
 
+NO_WRAPPER = "(no wrapper)"  # state.py's name for a parameter of a run with no wrapped model
+
 
 def judge(ev) -> list[Finding]:
-    rows = [{row["step"]: row for row in r.get("state", [])} for r in ev.ranks]
+    rows = [{row["step"]: row for row in r.get("state", []) if not row.get("exit")} for r in ev.ranks]
     if len(rows) < 2 or not all(rows):
         return []
+    _replicas_only(ev, rows)
+    exits = _exits(ev)
     out = []
     for kind in ("parameter", "buffer"):
-        hit = _first_difference(rows, kind)
+        hit, at_exit = _first_difference(rows, kind), False
+        if not hit and exits:
+            hit = _first_difference(exits, kind)
+            at_exit = max(set.intersection(*(set(r) for r in rows))) if hit else False
         if hit:
-            out.append((_parameters if kind == "parameter" else _buffers)(ev, *hit))
+            f = (_parameters if kind == "parameter" else _buffers)(ev, *hit)
+            if at_exit is not False:
+                f.title += f" (hashed when the script ended; equal after step {at_exit})"
+            out.append(f)
     if not out and all(not r[s]["parameter"] and not r[s]["buffer"] for r in rows for s in r) \
             and any(r[s]["sharded"] for r in rows for s in r):
         out.append(Finding(
@@ -35,6 +45,31 @@ def _first_difference(rows, kind):
     return None
 
 
+def _exits(ev):
+    """The rows each rank hashed when the script ended (the last step's state), keyed by that
+    step, when every rank ended after the same step; else None."""
+    ends = [[row for row in r.get("state", []) if row.get("exit")] for r in ev.ranks]
+    if not all(ends) or len({e[-1]["step"] for e in ends}) != 1:
+        return None
+    _replicas_only(ev, [{e[-1]["step"]: e[-1]} for e in ends])
+    return [{e[-1]["step"]: dict(e[-1], exit=True)} for e in ends]
+
+
+def _replicas_only(ev, rows) -> None:
+    """Parameters no wrapped model holds, in a run with none (a script that syncs its gradients
+    by hand), are compared only where every rank started with the same values (state-start):
+    ranks that each train their own model are not replicas."""
+    starts = [{} for _ in ev.ranks]
+    for r, rank in enumerate(ev.ranks):
+        for rec in rank.get("state-start", []) or []:
+            starts[r].update(rec["parameter"])
+    equal = {n for n in starts[0] if all(n in s for s in starts) and len({s[n] for s in starts}) == 1}
+    for r in rows:
+        for row in r.values():
+            row["parameter"] = {n: d for n, d in row["parameter"].items()
+                                if not n.endswith(NO_WRAPPER) or n in equal}
+
+
 def _hashes(name, states) -> str:
     return f"{name}: " + ", ".join(f"rank {r} {s[name]}" for r, s in enumerate(states))
 
@@ -53,6 +88,74 @@ def _uneven_edit(ev, kind, differ, step):
         if best is None or score > best[0]:
             best = (score, line, e, [r for r, c in enumerate(counts) if c])
     return best[1:] if best else None
+
+
+_UNSYNCED_WHY = ("the last backward of step {step} ({line}) was not all-reduced: {why}; what it "
+                 "added to the gradients is each rank's own")
+
+
+def unsynced_row(ev, step) -> dict | None:
+    """The first step, up to `step`, whose last backward DDP did not prepare for (any rank)."""
+    rows = [row for r in ev.ranks for row in r.get("state-unsynced", []) or [] if row["step"] <= step]
+    return min(rows, key=lambda row: row["step"]) if rows else None
+
+
+def _unsynced(ev, step):
+    """(where, fix) for parameters that part after a backward DDP did not all-reduce: the
+    statement that set require_backward_grad_sync after the forward (when one does), else the
+    backward's line; None when every step's last backward was DDP's."""
+    row = unsynced_row(ev, step)
+    if row is None:
+        return None
+    flag = row.get("flag") or []
+    if len(flag) == 1:
+        return flag[0], ("set model.require_backward_grad_sync before the forward: DDP reads it in "
+                         "forward (distributed.py:1828), so a change after it acts on the next forward")
+    return row["line"], ("end each optimizer step with a backward of a loss computed by DDP's forward "
+                         "(one backward of the summed losses; not through ddp.module, nor a forward "
+                         "inside no_sync with its backward outside)")
+
+
+def _hyperparameters_part(ev) -> dict | None:
+    """{step, line, what}: the first step at which an optimizer's hyperparameters differ between
+    ranks, read from the optimizer check's records ("optimizer.hyper": each rank's values when
+    they change, with who changed them), or None."""
+    per = [{} for _ in ev.ranks]
+    for r, rank in enumerate(ev.ranks):
+        for rec in rank.get("optimizer.hyper", []) or []:
+            per[r].setdefault(rec["o"], []).append(rec)
+    found = []
+    for o in set.intersection(*(set(p) for p in per)) if len(per) > 1 else ():
+        recs = [sorted(p[o], key=lambda x: x["k"]) for p in per]
+        for k in sorted({x["k"] for rs in recs for x in rs}):
+            values = [[x for x in rs if x["k"] <= k][-1]["v"] for rs in recs]
+            if any(v != values[0] for v in values[1:]):
+                changed = [x for rs in recs for x in rs if x["k"] == k]
+                by = [b["line"] for x in changed for b in x.get("by", []) if b.get("line")]
+                stores = [c for x in changed for c in x.get("stores", [])]
+                line = by[-1] if by else stores[0] if len(set(stores)) == 1 else ""
+                found.append({"step": changed[0]["s"], "line": line,
+                              "what": f"optimizer {o}'s step {k}"})
+                break
+    return min(found, key=lambda f: f["step"]) if found else None
+
+
+def _local_norm(ev, step) -> dict | None:
+    """The first norm of the optimizers' gradients, at a step up to `step`, that read different
+    gradients on different ranks (state-grad-reads: the same line, the n-th of its step)."""
+    seen: dict = {}
+    for r, rank in enumerate(ev.ranks):
+        count: dict = {}
+        for rec in rank.get("state-grad-reads", []) or []:
+            if rec["step"] <= step:
+                key = (rec["step"], rec["line"], count.setdefault((rec["step"], rec["line"]), 0))
+                count[(rec["step"], rec["line"])] += 1
+                seen.setdefault(key, {})[r] = rec["digest"]
+    parted = [k for k, d in seen.items() if len(d) == len(ev.ranks) and len(set(d.values())) > 1]
+    if not parted:
+        return None
+    step_, line, _ = min(parted)
+    return {"step": step_, "line": line}
 
 
 def _change(ev, step):
@@ -80,6 +183,22 @@ def _parameters(ev, step, differ, states) -> Finding:
         ev_lines.append(f"{change['what']} after the model was wrapped ({change.get('wrapped_at', '')}): "
                         f"{where}")
         fix = "make the change before wrapping the model, or wrap it again afterwards"
+    elif (unsynced := _unsynced(ev, step)) is not None:
+        where, fix = unsynced
+        ev_lines.append(_UNSYNCED_WHY.format(**unsynced_row(ev, step)))
+    elif (parting := _hyperparameters_part(ev)) is not None and parting["step"] <= step:
+        where = parting["line"]
+        ev_lines.append(f"the optimizers' hyperparameters part first, at step {parting['step']} "
+                        f"({parting['what']})"
+                        + (f", changed at {where}" if where else ""))
+        fix = "change the optimizer's hyperparameters the same way on every rank"
+    elif (read := _local_norm(ev, step)) is not None:
+        where = read["line"]
+        ev_lines.append(f"the gradients' norm taken at {where} (step {read['step']}) read each rank's own "
+                        "gradients (they differed between ranks there): a per-rank value, and the ranks' "
+                        "updates differ after it")
+        fix = ("take the norm from the synchronised gradients (after their all_reduce), or clip with "
+               "clip_grad_norm_ after it: every rank must scale its gradients by the same factor")
     if any(n.endswith("(in no wrapped model)") for n in differ):
         ev_lines.append("the optimizer steps parameters that no DDP(...) or fully_shard'ed module holds: "
                         "nothing reduces their gradients")

@@ -11,14 +11,17 @@ ddp_lab/doctor/userline.py), and nothing of the tools above it.
 - `Check`: a check's declaration (the registry, checks/__init__.py, finds it by its module).
 - `Context` (context.py): one rank's view of a watched run: the rank, the step, `models`
   (the `Watched` models the script wrapped), `add`/`emit` (plain data the parent reads back),
-  the callbacks (`on_step_end`, `on_model`, `on_finish`, `on_torch_function`), `user_line()` and
+  the callbacks (`on_step_end`, `on_model`, `on_finish`, `on_torch_function` and, for a check
+  that watches for a while, `off_torch_function`), `user_line()` and
   `guard(fn)` (a check's own exception is recorded, never raised into the user's code).
 - `Evidence`: what a judge reads in the parent: `ranks` (per rank, {key: value}: RANK_KEYS
   below for watch; a phase's records and returned value for the doctor), `run` (the launch's
   RunResult; None under torchrun), and for the doctor `subject` (the `Subject` it examined) and
   `where` (the code map that names code shipped by value).
 - `Subject`: the doctor's subject, frozen: what the user asked the doctor to examine.
-- `Finding`, `Report` (report.py), `brief` (a long message cut), `digest` (a tensor's hash).
+- `Finding`, `Report` (report.py), `brief` (a long message cut), `digest` (a tensor's hash),
+  `in_place_functions()` and `written_by(func, args, kwargs)` (what writes a tensor in place,
+  for `on_torch_function`).
 """
 from __future__ import annotations
 
@@ -27,10 +30,12 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..report import Finding, Report, brief
+from ._context_writes import in_place_functions, written_by
 from .context import KEEP, Context, Watched, class_name
 
 __all__ = ["Check", "Context", "Evidence", "Finding", "KEEP", "MODEL_CHANGES", "RANK_KEYS",
-           "Report", "Subject", "TIMED_OUT", "TOOLS", "Watched", "brief", "class_name", "digest"]
+           "Report", "Subject", "TIMED_OUT", "TOOLS", "Watched", "brief", "class_name", "digest",
+           "in_place_functions", "written_by"]
 TOOLS = ("watch", "doctor")
 LEVELS = ("error", "warning", "info")
 MODEL_CHANGES = "model-changes"  # the wrapped check's record, which the state check reads too
@@ -107,16 +112,34 @@ RANK_KEYS = {
     "lost": "under torchrun: True for a rank that never handed its records over",
     "check-errors": "add: 'check: Type: message' for a check's own failure (never raised)",
     "steps": "[{begin, end}] per step (a step ends when an optimizer's step() returns)",
-    "step-hooks": "emit (watch/steps.py): {steps, seconds, max, timeout, first}: the step-end "
-                  "hooks' time, the per-step timeout and the first step's allowance",
+    "step-hooks": "emit (watch's per-step clock): {steps, seconds, max, timeout, first}: the "
+                  "step-end hooks' time, the per-step timeout and the first step's allowance",
     # the checks' own (see each check's module)
     "collective-calls": "collectives: {op, step, line, shape, stack} per collective called",
     "step-line": "collectives: [file, line] of the user's frame at the first step's end",
+    "collective-reads": "collectives: {route: async|off-root, op, made, made_step, dst, read, how, "
+                        "step}: the first read of a result a collective left undefined",
+    "collective-broadcasts": "collectives: {line, stack, step, src, op, open, v} per broadcast "
+                             "of a few numbers the script called itself",
+    "collective-grads": "collectives: {line, step, op, model, names, params, before, after, end} "
+                        "per line and step that all_reduced gradients DDP had averaged",
     "state": "state: {step, parameter: {name: digest}, buffer: {...}, sharded} per hashed step",
     "state-edits": "state: edits of parameters or buffers outside the optimizer, per line",
     "state-models": "state: {kind, line, sync_buffers} per wrapped model",
     "state-cost": "state: {steps_hashed, seconds}",
+    "state-start": "state: {step, parameter: {name: digest}}: parameters no wrapped model holds, "
+                   "before their optimizer's first step",
+    "state-unsynced": "state: {step, line, why, flag?}: a step whose last backward DDP did not prepare",
+    "state-grad-reads": "state: {step, line, digest}: a norm of the optimizers' gradients, at hashed steps",
+    "sanity.loss": "sanity: {s, v, line}: the first non-finite loss a backward started from",
+    "sanity.params": "sanity: {s, when, names, tensors, values, of, finite_until}: the first non-finite "
+                     "parameters",
+    "sanity.uninitialised": "sanity: {s, line, names, count, of, before, after, missing_before?}: "
+                            "tensors to_empty left unwritten at the first step",
+    "sanity.summary": "sanity: {losses, non_finite_losses, finite_until} at the end",
     "model-changes": "wrapped: {what, names, kind, line, wrapped_at, step} per change",
+    "requires-grad-frozen": "wrapped: {what, names, kind, line, wrapped_at, step} per freeze "
+                            "after DDP(...) that DDP does not handle (find_unused_parameters off)",
     "samples": "samples: per DataLoader: {line, dataset, sampler, epochs}",
     "samples-refused": "samples: {line, type, message}: DataLoader.__init__ raised",
     "saved": "checkpoints: {where, saved_at, file, path, kind, prefix, how, ok | error | differs}",
@@ -149,6 +172,34 @@ RANK_KEYS = {
     "resume-folders": "resume: {line, path} per tempfile.mkdtemp from the user's code",
     "schedules": "schedule: {cls, length, of, line, length_line, pos, lr, resumed, member} per LR "
                  "scheduler whose length is known, at its death or the script's end",
+    "compile-ran": "compiled: per callable torch.compile returned, the [first, last] step ranges "
+                   "it ran in",
+    "ddp-settings": "ddp_settings: {line, keyword, static_graph, world, steps, unused_steps, "
+                    "first_unused, logging} per DDP model built with find_unused_parameters=True",
+    "optimizer.made": "optimizer: {o, line, type} per optimizer built (o: its index on the rank)",
+    "optimizer.hyper": "optimizer: {o, k, s, v: per group [[key, value]], by: [{line, what}], "
+                       "stores?, shared?} at its first step and when its hyperparameters change",
+    "optimizer.idle": "optimizer: {o, line, s, at, params, elsewhere}: its 2nd step with no gradient",
+    "optimizer.stale": "optimizer: {o, k, s, line, built}: a step on gradients holding the last step's",
+    "optimizer.summary": "optimizer: [{o, line, k, chain, changes, v, live, idle}] at the end",
+    # the reference check's, only under --reference (both runs: the watched ranks and the reference)
+    "reference.loaders": "reference: {i, line, batch, custom_batches, drop_last, sampler, iterable, "
+                         "arg: {dest, option, value, guessed} | None} per DataLoader made",
+    "reference.batches": "reference: {s, i, n, rows: [crc32 per row]} per batch drawn in the compared steps",
+    "reference.scaled": "reference (the reference run): {dest, option, from, to} per argument "
+                        "scaled; {i, from, to, line, patched} per DataLoader given the global batch",
+    "reference.optimizers": "reference: {kind: optimizer|scheduler, type, line, s, lrs, lr_line}",
+    "reference.grad-reduce": "reference: {s, param, op, line}: the script's all_reduce of a .grad",
+    "reference.dropout": "reference: {s, n}: dropout calls switched off in a compared step",
+    "reference.precision": "reference: {s, dtype}: autocast's precision in a compared step",
+    "reference.random": "reference: {s, fn, line}: a random draw of the step after its batch",
+    "reference.model": "reference: {kind, type, line, numel, batchnorm, dtype} of the compared "
+                       "model; {compiled_dropout} for a compiled one with dropout",
+    "reference.init": "emit (the reference run): {loaded, differed}: rank 0's initial state loaded",
+    "reference.compare": "reference (the reference run): {s, t: [[name, grad rel, grad ratio, "
+                         "update rel, update ratio]], lr: [theirs, mine], bn, init} per step",
+    "reference.lines": "reference (the reference run): {s, where, name, shape, reference, why, "
+                       "apart, rel}: the first line whose batch-shaped tensor parts",
 }
 
 

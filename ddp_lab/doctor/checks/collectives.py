@@ -18,17 +18,23 @@ exit: the `if` around its `break`, else where the loop's iterable was made.
 """
 from __future__ import annotations
 
+import inspect
 import os
 import sys
 import threading
 
-from ._collectives_judge import KEY, judge
+from ..frames import in_package
+from ._collectives_judge import KEY, judge as judge_order
+from ._collectives_undefined import OUTPUT, Undefined
+from ._collectives_uses import Uses
+from ._collectives_uses_judge import judge_uses
 from .api import KEEP, Check
 
 OPS = ("all_reduce", "broadcast", "barrier", "all_gather", "all_gather_into_tensor", "gather",
        "scatter", "reduce", "reduce_scatter", "reduce_scatter_tensor", "all_to_all",
        "all_to_all_single", "all_gather_object", "broadcast_object_list", "gather_object",
        "scatter_object_list", "monitored_barrier", "_broadcast_coalesced")
+USED = frozenset(OUTPUT) | {"broadcast_object_list"}  # the calls whose arguments are followed
 
 
 # --- on each rank ------------------------------------------------------------------------------
@@ -56,6 +62,25 @@ def _frames(ctx, frame) -> list:
     return out
 
 
+def _direct(ctx, frame):
+    """The user's frame when the script called the collective itself (only ddp_lab's own
+    wrappers between), else None (a library's call, DDP's, a check's)."""
+    while frame is not None and in_package(frame.f_code.co_filename):
+        frame = frame.f_back
+    return frame if frame is not None and ctx.is_user_file(frame.f_code.co_filename) else None
+
+
+def _stack(ctx, frame) -> list:
+    """[path, line] of every user frame of the stack, innermost first (the parent reads the
+    source there: the broadcast's rule)."""
+    out = []
+    while frame is not None and len(out) < 12:
+        if ctx.is_user_file(frame.f_code.co_filename):
+            out.append([frame.f_code.co_filename, frame.f_lineno])
+        frame = frame.f_back
+    return out
+
+
 def attach(ctx):
     import torch
     import torch.distributed as dist
@@ -72,18 +97,56 @@ def attach(ctx):
 
     guarded = ctx.guard(record)
     kept = ctx.records.setdefault(KEY, [])
+    undefined, uses = Undefined(ctx), Uses(ctx)
+    ctx.on_finish(undefined.unpatch)
+    names = {}
+
+    def before(op, args, kwargs, own):
+        """What the call does to a followed tensor, and what the script's own call (`own`: its
+        frame, else None) is given; returns what `after` needs, or None."""
+        bound = dict(zip(names[op], args), **kwargs)
+        if undefined.ids:
+            undefined.before(op, bound, dist.get_rank())
+        if own is None:
+            return None
+        line, grad = ctx.user_line(own), None
+        if bound.get("group") in (None, getattr(c10d.GroupMember, "WORLD", None)):
+            bound["group"] = None  # the default group: ranks are global ranks
+            if op in ("broadcast", "broadcast_object_list"):
+                uses.broadcast(op, bound, line, _stack(ctx, own))
+            grad = uses.grad_before(bound) if op == "all_reduce" else None
+        return bound, line, grad
+
+    def after(op, state, out):
+        bound, line, grad = state
+        if grad is not None:
+            uses.grad_after(grad, bound, line)
+        if op in OUTPUT and (bound.get("async_op") or op == "reduce"):
+            undefined.after(op, bound, out, dist.get_rank(), line, ctx.step)
+
+    before, after = ctx.guard(before), ctx.guard(after)
 
     def wrap(op, fn):
+        used = op in USED
+
         def collective(*args, **kwargs):
-            if (len(kept) >= KEEP or ctx.checking or getattr(depth, "n", 0)
-                    or torch.compiler.is_compiling()):
-                return fn(*args, **kwargs)  # kept full, a check's own call, or one inside another
-            guarded(op, args, kwargs, sys._getframe(1))
+            if ctx.checking or getattr(depth, "n", 0) or torch.compiler.is_compiling():
+                return fn(*args, **kwargs)  # a check's own call, or one inside another
+            frame = sys._getframe(1)
+            if len(kept) < KEEP:
+                guarded(op, args, kwargs, frame)
+            state = None
+            if used and ((own := _direct(ctx, frame)) is not None or undefined.ids):
+                state = before(op, args, kwargs, own)  # the script's own call, or one that may
+                # read or define a followed tensor; a library's (FSDP2's, DDP's) costs no more
             depth.n = 1
             try:
-                return fn(*args, **kwargs)
+                out = fn(*args, **kwargs)
             finally:
                 depth.n = 0
+            if state is not None:
+                after(op, state, out)
+            return out
         collective.__wrapped__ = fn
         collective.__name__ = getattr(fn, "__name__", op)
         collective.__doc__ = getattr(fn, "__doc__", None)
@@ -93,6 +156,8 @@ def attach(ctx):
         fn = getattr(dist, op, None) or getattr(c10d, op, None)
         if fn is None:
             continue
+        if op in USED:
+            names[op] = list(inspect.signature(fn).parameters)
         wrapped = wrap(op, fn)
         for owner in (dist, c10d):
             if getattr(owner, op, None) is fn:
@@ -104,17 +169,36 @@ def attach(ctx):
     ctx.on_step_end(step_line)
 
 
-# --- in the parent: _collectives_judge.py; the loop read from the source: _collectives_loop.py --
+# --- in the parent: _collectives_judge.py (order, hangs), _collectives_uses_judge.py (what a
+# result is used for); the loop read from the source: _collectives_loop.py, _collectives_chosen.py
+
+def judge(ev):
+    return judge_order(ev) + judge_uses(ev)
+
 
 CHECK = Check(
     name="collectives",
     mechanism="the ranks enter the same collectives in the same order (flight recorder, and "
-              "torch.distributed's functions wrapped); a hang, with its step and line",
+              "torch.distributed's functions wrapped); a hang, with its step and line; a "
+              "collective's result read only where and when it is defined (after wait(); a "
+              "reduce's on its destination); a broadcast never drops values each rank computed "
+              "from its own data; gradients DDP averaged are not all_reduced again",
     lesson="13",
-    codes={"collectives-differ-between-ranks": "error", "hang": "error"},
+    codes={"collectives-differ-between-ranks": "error", "hang": "error",
+           "read-while-undefined": "error", "broadcast-drops-rank-values": "warning",
+           "gradients-reduced-again": "error"},
     attach=attach, judge=judge, tools=("watch",),
-    tests="tests/doctor/checks/test_collectives.py",
+    tests=("tests/doctor/checks/test_collectives.py",
+           "tests/doctor/checks/test_collectives_uses.py"),
     notes=("a Python collective is compared through the first 500 a rank calls; the flight "
            "recorder keeps the newest 2000 of every kind (DDP's included)",
            "the loop's exit is read from the script's source: the `if` around a `break` in the "
-           "loop that steps the optimizer, else where its iterable was made"))
+           "loop that steps the optimizer, else where its iterable was made",
+           "a result is followed from the script's own collective through torch functions (by "
+           "the tensor, not its memory: a view made before the collective is not followed; 256 "
+           "tensors at once); a read outside torch (a C extension) is not seen",
+           "a broadcast is judged when the script calls it itself, on the default group, with at "
+           "most 64 numbers, after a forward and before the next backward or step; a value set "
+           "under a test of the rank (`if rank == 0:`) is one rank's choice on purpose, not judged",
+           "gradients all_reduced as they are (p.grad, p.grad.data) are seen; a flat copy of "
+           "them (torch.cat) is not; FSDP2's gradients are not judged"))

@@ -6,7 +6,7 @@ rank records are listed in api.py (RANK_KEYS).
 A step of the user's loop ends when an optimizer's `step()` returns (PyTorch's global
 `register_optimizer_step_post_hook`): step k runs from the end of step k-1 (or the script's start)
 to the end of step k, so a step that never returns (a hang, an exception) is the step it
-happened in. The models are found where the script wraps them: `DistributedDataParallel(...)`,
+happened in. Which optimizer's step ends a step: _context_steps.py. The models are found where the script wraps them: `DistributedDataParallel(...)`,
 `fully_shard(...)`, `torch.compile(module)` (each wrapped at its class or module attribute before
 the script imports it).
 """
@@ -23,6 +23,8 @@ from typing import Any, Callable
 
 from ..frames import ScriptFiles
 from ..userline import describe
+from ._context_built import built_init, subclasses
+from ._context_steps import StepOptimizer
 
 KEEP = 500  # items kept per `add` key (the newest are dropped: the first are the evidence)
 STEPS_KEPT = 100_000
@@ -61,8 +63,11 @@ class Context:
         self._others: list[Watched] = []
         self._functions: dict[Any, list[Callable]] = {}
         self._built: dict[type, list[Callable]] = {}  # on_built: class -> callbacks
+        self._every: list[Callable] = []  # on_every_torch_function's handlers switched on now
+        self.every_wanted = False  # some check asked for every torch function, at times
+        self.every_changed: Callable | None = None  # the core's mode rereads _every (core.py)
         self._local = threading.local()
-        self._stepping_optimizer = None
+        self._stepping = StepOptimizer()  # which optimizer's step ends a step
         self.steps_by_optimizer = True  # the function API ends a step when train_step returns
         self.group_started = False
         self.mode = None  # the TorchFunctionMode serving on_torch_function (watch/core.py)
@@ -114,28 +119,33 @@ class Context:
         when the outermost returns. Never for the checks' own builds."""
         for cls in classes:
             self._built.setdefault(cls, []).append(fn)
-            for c in [cls, *_subclasses(cls)]:
+            for c in [cls, *subclasses(cls)]:
                 if "__init__" in vars(c) and not getattr(c.__init__, "_watched", False):
-                    c.__init__ = self._built_init(c.__init__)
+                    c.__init__ = built_init(self, c.__init__)
 
-    def _built_init(self, init):
-        import functools
+    def off_torch_function(self, funcs, fn: Callable) -> None:
+        """`fn` no longer called after `funcs` (a check that watches for a while: it leaves the
+        core's table, so the calls it no longer needs cost nothing)."""
+        for f in funcs:
+            handlers = self._functions.get(f)
+            if handlers is not None and fn in handlers:
+                handlers.remove(fn)
 
-        @functools.wraps(init)
-        def built(obj, *args, **kwargs):
-            depth = getattr(self._local, "building", 0)
-            self._local.building = depth + 1
-            try:
-                init(obj, *args, **kwargs)
-            finally:
-                self._local.building = depth
-            if depth == 0 and not self.checking:
-                for cls, fns in self._built.items():
-                    for fn in fns if isinstance(obj, cls) else ():
-                        self.guard(fn)(self, obj, sys._getframe(1))
+    def on_every_torch_function(self, fn: Callable) -> Callable[[bool], None]:
+        """`fn(func, args, kwargs, result)` after EVERY torch function called from eager code,
+        while switched on; returns `switch(on)` (it starts off). For a check that follows a few
+        tensors for a while (collectives: the results a collective left undefined): switched
+        off, the mode's common path is unchanged (one dict lookup); on, every torch call pays
+        for the handler, so a check switches it on only while it has something to follow."""
+        self.every_wanted = True
 
-        built._watched = True
-        return built
+        def switch(on: bool) -> None:
+            if bool(on) == (fn in self._every):
+                return
+            (self._every.append if on else self._every.remove)(fn)
+            if self.every_changed is not None:
+                self.every_changed()
+        return switch
 
     def guard(self, fn: Callable) -> Callable:
         """`fn` wrapped so that an exception of the check's own code is recorded (under
@@ -206,9 +216,7 @@ class Context:
         if optimizer is not None:
             if not self.steps_by_optimizer:
                 return
-            if self._stepping_optimizer is None:
-                self._stepping_optimizer = optimizer
-            if optimizer is not self._stepping_optimizer:
+            if not self._stepping.counts(optimizer):
                 return  # a second optimizer (a GAN's) steps inside the same step
         now = time.time()
         self.steps[-1]["end"] = now
@@ -233,13 +241,6 @@ class Context:
     def snapshot(self) -> dict:
         """Everything this rank recorded, as plain data (the torchrun path sends it whole)."""
         return dict(self.records, steps=self.steps)
-
-
-def _subclasses(cls) -> list:
-    found = []
-    for sub in cls.__subclasses__():
-        found += [sub, *_subclasses(sub)]
-    return found
 
 
 def class_name(module) -> str:

@@ -20,59 +20,44 @@ from __future__ import annotations
 
 import sys
 import time
+import weakref
 
 from ..frames import first_of
 from ._state_judge import judge
-from .api import Check, digest
+from ._state_backward import Backwards, GradientReads
+from ._state_rank import Rank, comparable, is_sharded
+from .api import Check, digest, in_place_functions, written_by
 
 FIRST, EVERY = 5, 10  # hash steps 0-4, then every 10th: a model's full hash is not free
-NOT_EDITS = {"requires_grad_", "share_memory_", "retain_grad_", "record_stream_"}
+
+
+IN_NO_MODEL = "(in no wrapped model)"  # a wrapped model exists: nothing reduces its gradients
+NO_WRAPPER = "(no wrapper)"  # no wrapped model: compared where the ranks started equal
 
 
 def due(step: int) -> bool:
     return step < FIRST or (step + 1) % EVERY == 0
 
 
-def _sharded(p) -> bool:
-    placements = getattr(p, "placements", None)
-    return placements is not None and any(not pl.is_replicate() for pl in placements)
-
-
-def comparable(watched) -> list[tuple]:
-    """(model index, watched, {name: param}, {name: buffer}, sharded count) per DDP or FSDP2
-    model, each plain module once."""
-    out, seen = [], set()
-    for i, w in enumerate(m for m in watched if m.kind in ("ddp", "fsdp2")):
-        if id(w.module) in seen:
-            continue
-        seen.add(id(w.module))
-        if w.kind == "ddp":
-            ignore = set(getattr(w.wrapper, "parameters_to_ignore", ()) or ())
-            params = {n: p for n, p in w.module.named_parameters() if n not in ignore}
-            sync = getattr(w.wrapper, "forward_sync_buffers", getattr(w.wrapper, "broadcast_buffers", True))
-            buffers = {} if sync else {n: b for n, b in w.module.named_buffers() if n not in ignore}
-            out.append((i, w, params, buffers, 0))
-        else:
-            named = list(w.module.named_parameters())
-            params = {n: p for n, p in named if not _sharded(p)}
-            out.append((i, w, params, dict(w.module.named_buffers()), len(named) - len(params)))
-    return out
-
-
-def outside(ctx, models, optimizers) -> dict:
-    """Parameters an optimizer steps that no wrapped model holds (a module left out of
-    fully_shard or DDP, a learnable loss weight): nothing reduces their gradients. Named as the
-    script's own modules name them (its frames' local nn.Modules), else by optimizer position."""
-    if not models:
-        return {}
+def outside(ctx, models, optimizers, labels: dict) -> dict:
+    """Parameters an optimizer steps that no wrapped model holds: with a wrapped model, a module
+    left out of fully_shard or DDP, a learnable loss weight (nothing reduces their gradients);
+    with none, the parameters of a script that keeps its replicas in step by hand (compared
+    where they were equal on every rank when their optimizer first stepped: the judge). Named
+    as the script's own modules name them (its frames' local nn.Modules), else by optimizer
+    position; each name kept in `labels` (by id) so that it never changes during the run."""
     inside = {id(p) for _, w, _, _, _ in models for p in w.module.parameters()}
     found = [(f"optimizer{k} group {g} #{i} {tuple(p.shape)}", p) for k, opt in enumerate(optimizers)
              for g, group in enumerate(opt.param_groups) for i, p in enumerate(group["params"])
-             if id(p) not in inside and not _sharded(p)]
+             if id(p) not in inside and not is_sharded(p)]
     if not found:
         return {}
-    names = _script_names(ctx)
-    return {f"{names.get(id(p), fallback)} (in no wrapped model)": p for fallback, p in found}
+    if any(id(p) not in labels for _, p in found):
+        names = _script_names(ctx)
+        suffix = IN_NO_MODEL if models else NO_WRAPPER
+        for fallback, p in found:
+            labels.setdefault(id(p), (f"{names.get(id(p), fallback)} {suffix}", p))
+    return {labels[id(p)][0]: p for _, p in found}
 
 
 def _script_names(ctx) -> dict:
@@ -89,128 +74,24 @@ def _script_names(ctx) -> dict:
     return names
 
 
-class _Rank:
-    """What one rank keeps: the watched tensors by id and storage, the edits made to them
-    outside the optimizer (per user line), and whether an optimizer is stepping."""
-
-    def __init__(self, ctx):
-        self.ctx = ctx
-        self.in_optimizer = False
-        self.ids: dict[int, tuple] = {}
-        self.ptrs: dict[int, tuple] = {}
-        self.edits: dict[str, dict] = {}
-        self.dirty = False
-        self.cost = 0.0  # seconds spent hashing (the README's cost figure)
-        self.optimizers: list = []
-        self.modules: dict[int, tuple] = {}  # id -> (qualified name, the module, kept)
-        self.buffers_named: set = set()
-
-    def refresh(self) -> None:
-        self.ids.clear()
-        self.ptrs.clear()
-        models = comparable(self.ctx.models)
-        for i, w, _, _, _ in models:
-            prefix = f"model{i}." if len(models) > 1 else ""
-            self.modules.update({id(m): (prefix + n, m) for n, m in w.module.named_modules()})
-            for kind, named in (("parameter", w.module.named_parameters()),
-                                ("buffer", w.module.named_buffers())):
-                for n, t in named:
-                    self._remember(t, (kind, prefix + n))
-
-    def _remember(self, t, entry) -> None:
-        self.ids[id(t)] = (entry, t)  # the tensor kept: its id is not reused while we look
-        if not hasattr(t, "_local_tensor"):
-            try:
-                ptr = t.data_ptr()
-            except (RuntimeError, AttributeError):
-                return
-            if ptr:
-                self.ptrs[ptr] = (entry, t)
-
-    def lookup(self, t):
-        """The (kind, name) of a watched tensor: `t` itself, or a view of its storage (`.data`)
-        while the tensor still lives there."""
-        found = self.ids.get(id(t))
-        if found is not None and found[1] is t:
-            return found[0]
-        if hasattr(t, "_local_tensor") or not hasattr(t, "data_ptr"):
-            return None
-        try:
-            ptr = t.data_ptr()
-            found = self.ptrs.get(ptr)
-            return found[0] if found is not None and found[1].data_ptr() == ptr else None
-        except RuntimeError:
-            return None
-
-    def wrote(self, t, frame) -> None:
-        entry = self.lookup(t)
-        if entry is not None and not self.in_optimizer:
-            self.record(entry, frame)
-
-    def record(self, entry, frame) -> None:
-        if entry in self.buffers_named:
-            return  # a buffer's writer is named once (BatchNorm writes its stats every forward)
-        if first_of(frame, self.ctx.is_user_file) == "theirs":
-            return  # DDP's or FSDP's own copies, the optimizer's update
-        line = self.ctx.user_line(frame)
-        if not line:
-            return
-        kind, name = entry
-        e = self.edits.setdefault(f"{kind} {line}", {"kind": kind, "line": line, "names": [],
-                                                      "step": self.ctx.step, "count": 0})
-        e["count"] += 1
-        if name not in e["names"] and len(e["names"]) < 20:
-            e["names"].append(name)
-        if kind == "buffer":
-            self.buffers_named.add(entry)
-        self.dirty = True
-
-    def flush(self) -> None:
-        if self.dirty:
-            self.ctx.emit("state-edits", list(self.edits.values()))
-            self.dirty = False
-
-
-def _targets(func, args, kwargs):
-    import torch.nn.functional as F
-
-    if func is F.batch_norm:
-        training = args[5] if len(args) > 5 else kwargs.get("training", False)
-        return [t for t in (args[1:3] if len(args) > 2 else ()) if t is not None] if training else []
-    first = args[0] if args else kwargs.get("tensor", kwargs.get("input"))
-    return [first] if first is not None else []
-
-
-def _edit_functions():
-    import torch
-
-    names = [n for n in dir(torch.Tensor) if n.endswith("_") and not n.startswith("_")
-             and n not in NOT_EDITS]
-    names += ["__setitem__", "__iadd__", "__isub__", "__imul__", "__itruediv__", "__idiv__"]
-    funcs = [getattr(torch.Tensor, n) for n in names if hasattr(torch.Tensor, n)]
-    funcs += [getattr(torch.nn.init, n) for n in dir(torch.nn.init) if n.endswith("_") and not n.startswith("_")]
-    funcs += [torch.Tensor.data.__set__, torch.nn.functional.batch_norm]
-    return funcs
-
-
 def attach(ctx) -> None:
     import torch
     from torch.nn.modules.module import register_module_buffer_registration_hook
     from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-    rank = _Rank(ctx)
+    rank = Rank(ctx)
     setter = torch.Tensor.data.__set__
 
     def seen(func, args, kwargs, result):
         if rank.in_optimizer:
             return
         frame = sys._getframe(1)
-        for t in _targets(func, args, kwargs):
+        for t in written_by(func, args, kwargs):
             rank.wrote(t, frame)
         if func == setter and len(args) > 1 and rank.lookup(args[0]) is not None:
             rank._remember(args[0], rank.lookup(args[0]))  # its new storage
 
-    funcs = _edit_functions()
+    funcs = in_place_functions()
     table = getattr(ctx, "_functions", None)  # the core's {func: handlers}
 
     def mute(quiet: bool) -> None:
@@ -224,8 +105,8 @@ def attach(ctx) -> None:
 
     def opt_begins(opt, args, kwargs):
         mute(True)
-        if not any(o is opt for o in rank.optimizers):
-            rank.optimizers.append(opt)
+        if rank.stepping(opt):  # its parameters as they start (the judge's replicas)
+            _started(ctx, rank)
 
     def buffer_set(module, name, tensor):  # `self.ema = 0.9 * self.ema + ...` re-registers it
         found = rank.modules.get(id(module))
@@ -242,7 +123,15 @@ def attach(ctx) -> None:
     ctx.on_torch_function(funcs, seen)
     ctx.on_model(lambda c, w: (rank.refresh(), c.add("state-models", _model_row(w))))
     ctx.on_step_end(lambda c: _step_end(c, rank))
-    ctx.on_finish(lambda c: rank.flush())
+    backwards = Backwards(ctx)
+    ctx.on_model(lambda c, w: backwards.model(w))
+    ctx.on_torch_function([torch.Tensor.backward, torch.autograd.backward], backwards.backward)
+    ctx.on_step_end(lambda c: backwards.step_end())
+    reads = GradientReads(ctx, rank, due, digest, is_sharded)
+    ctx.on_torch_function([torch._foreach_norm, torch.linalg.vector_norm, torch.norm, torch.Tensor.norm],
+                          reads.read)
+    ctx.on_step_end(lambda c: reads.step_end())
+    ctx.on_finish(lambda c: _at_exit(c, rank))
 
 
 def _model_row(w) -> dict:
@@ -252,22 +141,48 @@ def _model_row(w) -> dict:
 
 def _step_end(ctx, rank) -> None:
     rank.in_optimizer = False
-    step = ctx.step
-    if due(step):
-        began = time.perf_counter()
-        rank.refresh()
-        models = comparable(ctx.models)
-        row = {"step": step, "parameter": {}, "buffer": {}, "sharded": 0}
-        for i, _, params, buffers, sharded in models:
-            prefix = f"model{i}." if len(models) > 1 else ""
-            row["parameter"].update({prefix + n: digest(p) for n, p in params.items()})
-            row["buffer"].update({prefix + n: digest(b) for n, b in buffers.items()})
-            row["sharded"] += sharded
-        row["parameter"].update({n: digest(p) for n, p in outside(ctx, models, rank.optimizers).items()})
-        ctx.add("state", row)
-        rank.cost += time.perf_counter() - began
-        ctx.emit("state-cost", {"steps_hashed": len(ctx.records.get("state", [])), "seconds": rank.cost})
+    if due(ctx.step):
+        _hash(ctx, rank, {"step": ctx.step})
     rank.flush()
+
+
+def _at_exit(ctx, rank) -> None:
+    """The last step's state, hashed once when the script ends (the schedule thins out: a
+    parting at step 6 of 8 is seen here); not after an exception or a hang (a step cut short)."""
+    rank.flush()
+    if ctx.step and not any(k in ctx.records for k in ("error", "hung")):
+        _hash(ctx, rank, {"step": ctx.step - 1, "exit": True})
+
+
+def _hash(ctx, rank, row) -> None:
+    began = time.perf_counter()
+    rank.refresh()
+    models = comparable(ctx.models)
+    row.update({"parameter": {}, "buffer": {}, "sharded": 0})
+    for i, _, params, buffers, sharded in models:
+        prefix = f"model{i}." if len(models) > 1 else ""
+        row["parameter"].update({prefix + n: digest(p) for n, p in params.items()})
+        row["buffer"].update({prefix + n: digest(b) for n, b in buffers.items()})
+        row["sharded"] += sharded
+    found = outside(ctx, models, rank.optimizers, rank.labels)
+    if row.get("exit") and not rank.optimizers:  # the script freed them (main() returned): the
+        found = dict(rank.labels.values())  # parameters they stepped, as labelled (held there)
+    row["parameter"].update({n: digest(p) for n, p in found.items()})
+    ctx.add("state", row)
+    rank.cost += time.perf_counter() - began
+    ctx.emit("state-cost", {"steps_hashed": len(ctx.records.get("state", [])), "seconds": rank.cost})
+
+
+def _started(ctx, rank) -> None:
+    """The parameters of the optimizer that steps for the first time, that no wrapped model
+    holds, hashed before its first update: the judge compares those that start equal on every
+    rank (replicas kept in step by hand), never those each rank starts with its own."""
+    models = comparable(ctx.models)
+    found = {n: digest(p) for n, p in outside(ctx, models, rank.optimizers, rank.labels).items()
+             if n.endswith(NO_WRAPPER) and n not in rank.started}
+    if found:
+        rank.started.update(found)
+        ctx.add("state-start", {"step": ctx.step, "parameter": found})
 
 
 # --- the parent: _state_judge.py ---------------------------------------------------------------
@@ -281,6 +196,9 @@ CHECK = Check(
            "state-not-compared": "info"},
     attach=attach, judge=judge, tools=("watch",),
     tests="tests/doctor/checks/test_state.py",
-    notes=("hashes steps 0-4, then every 10th step (a full hash of a large model is not free)",
+    notes=("hashes steps 0-4, then every 10th step, and the last step when the script ends (a full "
+           "hash of a large model is not free): a parting between two hashes is dated by the later one",
+           "with no wrapped model, the optimizers' parameters are compared where every rank started "
+           "with the same values (a script that syncs gradients by hand); each rank's own model is not",
            "FSDP2: sharded parameters hold a different shard per rank by design and are not compared",
            "DDP with its buffer sync on: buffers are overwritten by rank 0's before each forward, not compared"))

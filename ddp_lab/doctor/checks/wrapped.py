@@ -1,6 +1,7 @@
 """A model changed after it was wrapped: a parameter replaced or added, a module with parameters
 set in, or the model cast or moved, after `DDP(...)` (or a parameter or module set into a model
-after `fully_shard`).
+after `fully_shard`); a parameter's requires_grad changed after `DDP(...)` built its reducer is
+_wrapped_grad.py's (tests/doctor/checks/test_wrapped_grad.py).
 
 DDP takes its parameters once, in its constructor (torch/nn/parallel/distributed.py:895
 `_module_parameters`, :1523 `_build_params_for_reducer`, :1437 the Reducer holding them) and hooks
@@ -23,6 +24,7 @@ from __future__ import annotations
 import threading
 
 from ..frames import first_of
+from . import _wrapped_grad
 from .api import Check, Finding
 from .api import MODEL_CHANGES as CHANGES
 
@@ -55,9 +57,10 @@ class _Trees:
 
         return first_of(sys._getframe(2), self.ctx.is_user_file) != "user"
 
-    def record(self, what: str, names: list, w, module_id: int) -> None:
-        row = {"what": what, "names": names[:8], "kind": w.kind, "line": self.ctx.user_line(),
-               "wrapped_at": w.line, "step": self.ctx.step}
+    def record(self, what: str, names: list, w, module_id: int, line=None, step=None) -> None:
+        row = {"what": what, "names": names[:8], "kind": w.kind,
+               "line": self.ctx.user_line() if line is None else line,
+               "wrapped_at": w.line, "step": self.ctx.step if step is None else step}
         self.changes.append((row, module_id))
         self.ctx.emit(CHANGES, [c for c, _ in self.changes])
 
@@ -123,6 +126,7 @@ def attach(ctx) -> None:
     register_module_parameter_registration_hook(only_ours(parameter_set))
     register_module_module_registration_hook(only_ours(module_set))
     _wrap_apply(torch, ctx, trees)
+    _wrapped_grad.attach(ctx, trees)  # requires_grad changed after DDP(...)
 
 
 def _wrap_apply(torch, ctx, trees) -> None:
@@ -177,8 +181,9 @@ def judge(ev) -> list[Finding]:
             seen.add(key)
             ranks = [r for r, other in enumerate(ev.ranks)
                      if any((o["what"], o["line"]) == key for o in other.get(CHANGES, []))]
-            out.append(_finding(c, ranks, ev.world_size))
-    return out
+            out.append((_wrapped_grad.unfrozen if _wrapped_grad.mine(c) else _finding)(
+                c, ranks, ev.world_size))
+    return out + _wrapped_grad.frozen(ev)
 
 
 def _finding(c: dict, ranks: list, world: int) -> Finding:
@@ -211,4 +216,7 @@ CHECK = Check(
     attach=attach, judge=judge, tools=("watch",),
     tests="tests/doctor/checks/test_wrapped.py",
     notes=("a change made through .data or in place keeps the same tensors: the state check sees "
-           "its effect instead",))
+           "its effect instead",
+           "requires_grad is compared with DDP's reducer at the end of the next step: a parameter "
+           "frozen after DDP(...) with find_unused_parameters=True is DDP's to handle (marked "
+           "unused every step), not a finding"))

@@ -37,11 +37,14 @@ STRATEGIES = ("ddp", "fsdp2", "zero3")
 def watch(train_step, model: Callable | None = None, batches=None, *, strategy: str = "ddp",
           steps: int = 3, world_size: int = 2, save: Callable | None = None,
           evaluate: Callable | None = None, optimizer: Callable | None = None,
-          timeout: float = 60, args=()) -> Report:
+          timeout: float = 60, args=(), reference=None, global_batch=None) -> Report:
     """Run `train_step(model, batch, step)` on real ranks and check what it does across them;
     or, given a script's path (`watch("train.py", args=["--epochs", "1"])`), run the script
     unchanged on `world_size` ranks as torchrun would, with every check attached
-    (script.watch_script; the other arguments are the function API's).
+    (script.watch_script; the other arguments are the function API's); `reference=K` (or True:
+    3) also runs it at world size 1 on the same global batch for K steps and compares
+    (`ddp-lab watch --reference`, watch/reference_run.py); with it, `global_batch=G` declares
+    the samples per step the job means.
 
     `model` is a zero-argument factory (or an nn.Module class) called on every rank;
     `batches(rank, step)` gives each rank's batch (a tensor, a tuple or a dict); `save(model,
@@ -52,7 +55,11 @@ def watch(train_step, model: Callable | None = None, batches=None, *, strategy: 
     0.05; under ZeRO-3 the engine's). Raises WatchInputError (a ValueError) when they do not fit.
     """
     if isinstance(train_step, (str, os.PathLike)):
-        return watch_script(os.fspath(train_step), args, nproc=world_size, timeout=timeout)
+        return watch_script(os.fspath(train_step), args, nproc=world_size, timeout=timeout,
+                            reference=reference, global_batch=global_batch)
+    if reference not in (None, False) or global_batch is not None:
+        raise WatchInputError("reference= and global_batch= serve a script (watch('train.py', ...)): "
+                              "the function API has no one-process run of its own to compare with")
     _validate(train_step, model, batches, strategy, steps, world_size, save)
     if strategy == "zero3" and gpu_count() == 0:
         require_built()  # DeepSpeed's op: this environment's error (OpBuildError), never a finding

@@ -24,6 +24,7 @@ EPILOG = f"""examples:
   ddp-lab watch train.py                     # 2 ranks, as torchrun --nproc-per-node 2 train.py
   ddp-lab watch --nproc-per-node 4 --timeout 30 train.py --epochs 1 --lr 0.1
   ddp-lab watch --local-ranks-filter 0 --json train.py   # rank 0's output on stderr, JSON on stdout
+  ddp-lab watch --reference train.py         # also against one process on the same global batch
   torchrun --nnodes 2 --nproc-per-node 8 ... -m {_MODULE} train.py   # inside your own job
 
 The function API (a training step cut out of the script):
@@ -60,6 +61,14 @@ def configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         "data loading, compile); default the larger of 120 and 4 x --timeout")
     p.add_argument("--local-ranks-filter", default=None, metavar="RANKS",
                    help="a script: show only these ranks' output, e.g. 0 (as torchrun's option)")
+    p.add_argument("--reference", action="store_true",
+                   help="script mode: also run the script at world size 1 on the same global batch "
+                        "and report the first step and tensor where the runs part (one more launch)")
+    p.add_argument("--reference-steps", type=int, default=None, metavar="K",
+                   help="optimizer steps the reference compares (default 3; implies --reference)")
+    p.add_argument("--global-batch", type=int, default=None, metavar="G",
+                   help="with --reference: the samples per optimizer step the job means (a step "
+                        "on the ranks that trains on another number is a warning)")
     p.add_argument("--json", action="store_true",
                    help="the report as JSON on stdout (a script's own output goes to stderr)")
     p.add_argument("--cost", action="store_true",
@@ -106,11 +115,13 @@ def run_script(args) -> int:
         ranks = parse_ranks(args.local_ranks_filter, max(nproc, 1))
     except ValueError as exc:
         return _no_report(args, WatchScriptError(str(exc)), 2)
+    reference = args.reference_steps if args.reference_steps is not None else (args.reference or None)
     console = Console(sys.stdout, sys.stderr, ranks, json=args.json)
     try:
         report = watch_script(args.target, args.script_args, nproc=nproc, timeout=args.timeout,
                               first_step_timeout=args.first_step_timeout, progress=console,
-                              output=console.line)
+                              output=console.line, reference=reference,
+                              global_batch=args.global_batch)
     except WatchScriptError as exc:
         return _no_report(args, exc, 2)
     except DoctorBug as exc:
@@ -169,6 +180,10 @@ def run(args) -> int:
             return _no_report(args, WatchInputError(
                 f"unexpected arguments {' '.join(args.script_args)} after {args.target} (a "
                 "script's arguments follow a script, train.py)"), 2)
+    if args.reference or args.reference_steps is not None or args.global_batch is not None:
+        return _no_report(args, WatchInputError(
+            "--reference, --reference-steps and --global-batch serve a script (ddp-lab watch "
+            "--reference train.py), not a step function"), 2)
     if not args.model:
         return _no_report(args, WatchInputError(
             "a step function (path:NAME) needs --model path:Factory; to watch a whole script, "

@@ -134,9 +134,10 @@ def _outside_the_mode(ctx: Context, fn):
 
 
 def function_mode(ctx: Context):
-    """One TorchFunctionMode for every check's `on_torch_function`, or None when no check
-    asked. It steps aside while torch.compile traces and for the checks' own calls."""
-    if not ctx._functions:
+    """One TorchFunctionMode for every check's `on_torch_function` (and, while a check has
+    switched one on, its `on_every_torch_function`), or None when no check asked. It steps
+    aside while torch.compile traces and for the checks' own calls."""
+    if not ctx._functions and not ctx.every_wanted:
         return None
     import torch
     from torch.overrides import TorchFunctionMode
@@ -145,14 +146,48 @@ def function_mode(ctx: Context):
     compiling = torch.compiler.is_compiling
 
     @torch.compiler.disable(recursive=True)
-    def dispatch(handlers, func, args, kwargs, result):
+    def dispatch_own(handlers, func, args, kwargs, result):
         # Never traced nor compiled by dynamo: code that resumes after a graph break runs under
         # dynamo's frame callback, which would otherwise compile the checks' handlers as frames
         # of their own (seen by the compiled check: extra graphs and breaks in ddp_lab's files).
         for h in handlers:
-            ctx.guard(h)(func, args, kwargs, result)
+            if h is not None:  # `alone`: the followers switched off while `func` ran (a gc)
+                ctx.guard(h)(func, args, kwargs, result)
 
-    watched = table.get
+    every = ctx._every
+    alone = (None,)  # what the lookup gives a function no check watches, while `every` is on
+
+    @torch.compiler.disable(recursive=True)
+    def dispatch_all(handlers, func, args, kwargs, result):
+        for h in handlers:  # dispatch_own's loop, inline (each disabled call costs a frame switch)
+            if h is not None:
+                ctx.guard(h)(func, args, kwargs, result)
+        # on_every_torch_function's handlers run on every call: not through ctx.guard (a
+        # context manager per call); the same promise, kept by hand
+        local = ctx._local
+        local.checking = True
+        try:
+            for h in every:  # one that switches itself off ends this call's loop: no copy
+                h(func, args, kwargs, result)
+        except Exception as exc:  # noqa: BLE001 - a check must not break the script
+            ctx.add("check-errors", f"{getattr(h, '__qualname__', h)}: {type(exc).__name__}: {exc}")
+        finally:
+            local.checking = False
+
+    watched, dispatch = table.get, dispatch_own
+
+    def every_changed():
+        # While a check follows every call, every function has handlers (its own, or `alone`)
+        # and `dispatch_all` adds the followers'; switched off, the common path below is
+        # `table.get` again, one dict lookup.
+        nonlocal watched, dispatch
+        if every:
+            watched, dispatch = (lambda f: table.get(f) or alone), dispatch_all
+        else:
+            watched, dispatch = table.get, dispatch_own
+
+    ctx.every_changed = every_changed
+    every_changed()
 
     class FunctionWatch(TorchFunctionMode):
         def __torch_function__(self, func, types, args=(), kwargs=None):

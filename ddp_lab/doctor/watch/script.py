@@ -24,6 +24,7 @@ from ..checks.api import Evidence
 from ..checks.context import read_records
 from ..errors import DoctorBug
 from ..report import BY_LINE, Report, dedupe
+from . import reference_run as ref_run
 from .console import Console, Progress
 from .core import script_rank
 from .steps import first_step_allowance
@@ -60,34 +61,61 @@ def validate_script(path: str, nproc, timeout, first_step_timeout=None) -> str:
 
 def watch_script(path: str, args=(), nproc: int = 2, timeout: float = DEFAULT_TIMEOUT,
                  checks=None, progress=None, first_step_timeout: float | None = None,
-                 output=None):
+                 output=None, reference=None, global_batch=None):
     """Run `path` (a training script, as `torchrun --nproc-per-node nproc path args` would) on
     real ranks with every watch check attached; the `Report`. Raises WatchScriptError when the
     script cannot be watched. `checks`: names of the checks to attach (default: all).
     `timeout`: the seconds a step may take; `first_step_timeout` the first step's (default:
     steps.first_step_allowance). `output(rank, stream, line)`: called with each line the
     script writes, as it writes it (the CLI's console.py); `progress`: a stream for the steps
-    done per rank (or the CLI's Console, which shows both)."""
+    done per rank (or the CLI's Console, which shows both). `reference`: K (or True: 3) to
+    compare the first K steps with one process's on the same global batch
+    (watch/reference_run.py: one more launch, at world size 1); `global_batch`: with it, the
+    samples per step the job means (a step that trains on another number is a warning)."""
     start = time.time()
     script = validate_script(path, nproc, timeout, first_step_timeout)
     first = first_step_allowance(timeout, first_step_timeout)
+    steps = None
+    if global_batch is not None and reference in (None, False):
+        reference = True  # a declared global batch is judged by the reference check
+    if reference is not None and reference is not False:
+        try:
+            steps = ref_run.validate_steps(reference)
+            global_batch = ref_run.validate_global_batch(global_batch)
+        except ValueError as exc:
+            raise WatchScriptError(str(exc)) from None
     folder = tempfile.mkdtemp(prefix="ddp-lab-watch-")
+    compared = os.path.join(folder, "reference")
+    env = {}
+    if steps:
+        os.mkdir(compared)
+        env = ref_run.env("watched", compared, steps, nproc)
+        checks = None if checks is None else sorted({*checks, "logged", "reference"})
     try:
         if progress is not None and not isinstance(progress, Console):
             progress = Console(progress, progress)  # a stream: the progress line alone
+        launched = time.time()
         with (Progress(folder, nproc, os.path.basename(path), progress) if progress
               else contextlib.nullcontext()):
             run = launch(script_rank, script, list(args), folder, checks, str(path),
                          (float(timeout), first), world_size=nproc, timeout=first,
                          init_process_group=False, grace=2.0, as_torchrun=True, output=output,
+                         env=env,
                          label=f"watch {os.path.basename(path)}")
+        seconds = time.time() - launched
         ranks = [read_records(os.path.join(folder, f"rank{r}.jsonl")) for r in range(nproc)]
+        refuse_unstarted(run, ranks, path)
+        ev = Evidence(ranks, run=run, script=script, world_size=nproc, args=tuple(args))
+        if steps:
+            job = ref_run.Reference(script, tuple(args), nproc, timeout, steps, compared,
+                                    global_batch, str(path), first)
+            ev.reference = ref_run.run_reference(job, ranks, seconds)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-    refuse_unstarted(run, ranks, path)
-    ev = Evidence(ranks, run=run, script=script, world_size=nproc, args=tuple(args))
     report = build_report(ev, checks)
     report.seconds = time.time() - start
+    if steps:
+        report.notes += ref_run.notes(ev)
     return report
 
 
