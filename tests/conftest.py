@@ -1,10 +1,14 @@
 import os
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
+
+import run_log
+from suite_budget import Budget
 
 REPO = Path(__file__).resolve().parent.parent  # the repository: tests/ may have subfolders
 WATCH_CORPUS = REPO / "tests" / "corpus" / "watch"
@@ -19,7 +23,16 @@ def corpus_score():
         module = importlib.util.module_from_spec(spec)
         sys.modules[spec.name] = module  # dataclasses look their module up there
         spec.loader.exec_module(module)
-    return sys.modules["corpus_score"]
+    module = sys.modules["corpus_score"]
+    if _notebook_watch_report not in module.MADE_ELSEWHERE:  # a notebook's run of a corpus script
+        module.MADE_ELSEWHERE.append(_notebook_watch_report)
+    return module
+
+
+def _notebook_watch_report(script: str, args, nproc: int, timeout: float, reference=None):
+    if _suite is None:
+        return None
+    return _suite.notebook_watch_report(script, args, nproc, timeout, reference)
 
 
 def corpus_report(path):
@@ -109,16 +122,76 @@ def _browser_tree() -> set[int]:
     return _tree(_browser_roots)
 
 
-_SCENARIO_RUNS: dict = {}
+# --- The session's record: launches counted in every process, minutes per folder ---------------
+_suite: run_log.Session | None = None
+
+
+def pytest_configure(config):
+    """The launch log and the kernels' start-up file exist before anything launches (the
+    portable pass's kernels inherit them); the budget's table prints at the end."""
+    global _suite
+    if os.environ.get("DDP_LAB_KERNEL_PASS") == "child" or _suite is not None:
+        return
+    _suite = run_log.Session()
+    config.pluginmanager.register(Budget(_suite), "suite_budget")
+
+
+def pytest_unconfigure(config):
+    global _suite
+    if _suite is not None:
+        _suite.close()
+        _suite = None
+
+
+_SCENARIO_RUNS: dict = {}  # (scenario key, variant) -> (RunResult, leftovers, the notebook's)
+# The tests that read scenario runs or corpus reports: they run after the notebooks, whose runs
+# they reuse (notebook 11 runs watch on a corpus script).
+SHARED_RUN_READERS = ("tests/course/test_registry.py", "tests/lessons/", "tests/corpus/",
+                      "tests/doctor/checks/", "tests/test_readme_commands.py")
+
+
+_PREPARED: set = set()
+
+
+def _scenario_run(scenario, which: str) -> tuple:
+    key = (scenario.key, which)
+    if key not in _SCENARIO_RUNS:
+        _prepare(scenario.lesson)
+        kept = _suite.notebook_run(*key) if _suite is not None else None
+        if kept and any(os.environ.get(k) != v for k, v in kept["env"].items()):
+            kept = None  # the notebook had set variables this process has not: another launch
+        _SCENARIO_RUNS[key] = ((kept["result"], kept["leftovers"], True) if kept
+                               else (scenario.run(which), [], False))
+    return _SCENARIO_RUNS[key]
+
+
+def _prepare(lesson_id: str) -> None:
+    """The lesson's `prepare()`, once, before its first scenario runs here: as the tour and the
+    notebooks run them (lesson 12 names DeepSpeed's accelerator, 15 and 16 warm the fork server)."""
+    if lesson_id not in _PREPARED:
+        from ddp_lab.course.registry import get_lesson
+
+        _PREPARED.add(lesson_id)
+        lesson = get_lesson(lesson_id)
+        if lesson.prepare is not None:
+            lesson.prepare()
 
 
 def scenario_run(scenario, which: str):
     """Each scenario variant runs once per test session: the registry test and the lesson tests
-    that read the same run share it (the suite has a 10-minute budget on 2 cores)."""
-    key = (scenario.key, which)
-    if key not in _SCENARIO_RUNS:
-        _SCENARIO_RUNS[key] = scenario.run(which)
-    return _SCENARIO_RUNS[key]
+    that read the same run share it (the suite has a 15-minute budget on 2 cores). Where the
+    scenario's notebook made the same launch earlier in the session (`scenario.run(which)`, no
+    argument changed, and any variable the notebook set has the same value here, so the ranks
+    get the same environment: tests/run_log.py keeps it), that run is the one; the tests that
+    read runs go after the notebooks (SHARED_RUN_READERS)."""
+    return _scenario_run(scenario, which)[0]
+
+
+def scenario_run_leftovers(scenario, which: str) -> list[str] | None:
+    """For a notebook's run, the processes it left behind (its kernel looked, as no_leftovers
+    looks here); None for a run made in this process, which no_leftovers checks."""
+    _, leftovers, kept = _scenario_run(scenario, which)
+    return leftovers if kept else None
 
 
 @pytest.fixture(scope="module")
@@ -135,21 +208,24 @@ def runs(request):
     return get
 
 
-# --- The notebooks once more, under CPU kernels other than this machine's ---------------------
+# --- The notebooks' kernel-dependent cells once more, under the portable CPU kernels ------------
 # PyTorch picks CPU kernels by instruction set, so a printed figure can differ in its last digit
-# on a learner's laptop. Every notebook runs a second time under strict nbval with
-# ATEN_CPU_CAPABILITY=default (the portable kernels), so such a figure fails here first. When the
-# session runs the notebooks too, that second pass starts in the background as soon as collection
-# ends (the notebooks mostly wait on ranks, so the two passes share the 2 cores well) and
+# on a learner's laptop. The cells whose outputs can depend on them (tests/kernel_cells.json,
+# measured by tools/kernel_cells.py under default, avx2 and this CPU's kernels) run a second
+# time under strict nbval with ATEN_CPU_CAPABILITY=default (the portable kernels), with the cells
+# they need (tests/portable_cells.py), so such a figure fails here first. When the session runs
+# the notebooks too, that second pass starts in the background as soon as collection ends and
 # `test_notebooks_portable.py` waits for it at the very end; alone, that test runs it in the
 # foreground.
 KERNEL_PASS_ENV = {"ATEN_CPU_CAPABILITY": "default"}
 _KERNEL_PASS_TEST = "test_notebooks_portable.py::test_notebooks_pass_strict_nbval_with_portable_cpu_kernels"
+# After every other test, in this order: the corpus-runs check reads the whole session's launches
+LAST = ("test_corpus_runs_once.py::test_no_corpus_script_is_launched_twice", _KERNEL_PASS_TEST)
 _kernel_pass = None
 
 
 class KernelPass:
-    """A strict nbval run of the notebooks in a child pytest, under KERNEL_PASS_ENV."""
+    """A strict nbval run of the notebooks' listed cells in a child pytest, under KERNEL_PASS_ENV."""
 
     def __init__(self, notebooks: list[str]):
         import subprocess
@@ -157,17 +233,30 @@ class KernelPass:
         import tempfile
 
         self.log = tempfile.TemporaryFile(mode="w+")
-        env = dict(os.environ, **KERNEL_PASS_ENV, DDP_LAB_KERNEL_PASS="child")
+        env = dict(os.environ, **KERNEL_PASS_ENV, DDP_LAB_KERNEL_PASS="child",
+                   **{run_log.ORIGIN_VAR: "portable"})
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "tests"), env.get("PYTHONPATH")]))
+        self.started, self.seconds, self.summary = time.time(), None, ""
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", *notebooks],
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", "-p", "portable_cells",
+             *notebooks],
             cwd=REPO, env=env,
             stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=True)
+        threading.Thread(target=self._ended, daemon=True).start()
+
+    def _ended(self) -> None:
+        """Its own wall time, from start to exit (the session waits for it only at the end)."""
+        self.proc.wait()
+        self.seconds = time.time() - self.started
 
     def wait(self, timeout: float = 900) -> tuple[int, str]:
         self.proc.wait(timeout)
+        self.seconds = self.seconds or time.time() - self.started
         self.log.seek(0)
-        return self.proc.returncode, self.log.read()
+        output = self.log.read()
+        self.summary = output.strip().splitlines()[-1] if output.strip() else "(no output)"
+        return self.proc.returncode, output
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -188,20 +277,35 @@ def notebook_paths() -> list[str]:
 
 
 def pytest_collection_modifyitems(session, config, items):
-    """The portable-kernel check goes last; when the notebooks run in this session too, its
-    child pass starts now, in the background."""
+    """The tests that read scenario runs go after the notebooks (they reuse the notebooks'
+    runs), the corpus-runs check and the portable-kernel check last (LAST); when the notebooks
+    run in this session too, the portable pass starts now, in the background."""
     global _kernel_pass
-    last = [it for it in items if it.nodeid.endswith(_KERNEL_PASS_TEST)]
-    if not last or os.environ.get("DDP_LAB_KERNEL_PASS") == "child":
+    if os.environ.get("DDP_LAB_KERNEL_PASS") == "child":
         return
-    items[:] = [it for it in items if it not in last] + last
-    if any(it.nodeid.startswith("notebooks/") for it in items):
+    notebooks = [i for i, it in enumerate(items) if it.nodeid.startswith("notebooks/")]
+    if notebooks:
+        before, after = items[:notebooks[-1] + 1], items[notebooks[-1] + 1:]
+        readers = [it for it in before if it.nodeid.startswith(SHARED_RUN_READERS)]
+        items[:] = [it for it in before if not it.nodeid.startswith(SHARED_RUN_READERS)] + readers + after
+    last = sorted((it for it in items if it.nodeid.endswith(LAST)),
+                  key=lambda it: [it.nodeid.endswith(t) for t in LAST].index(True))
+    items[:] = [it for it in items if not it.nodeid.endswith(LAST)] + last
+    if notebooks and any(it.nodeid.endswith(_KERNEL_PASS_TEST) for it in last):
         _kernel_pass = KernelPass(notebook_paths())
 
 
 def pytest_sessionfinish(session, exitstatus):
+    budget = session.config.pluginmanager.get_plugin("suite_budget")
     if _kernel_pass is not None:
         _kernel_pass.stop()
+        if budget is not None and _kernel_pass.seconds is not None:
+            budget.apart["portable-kernel pass (in the background, start to exit)"] = (
+                f"{_kernel_pass.seconds:.0f} s: {_kernel_pass.summary}")
+    if budget is not None and _SCENARIO_RUNS:
+        shared = sum(1 for _, _, kept in _SCENARIO_RUNS.values() if kept)
+        budget.apart["scenario variants the tests read"] = (
+            f"{len(_SCENARIO_RUNS)}: {shared} a notebook's run, {len(_SCENARIO_RUNS) - shared} launched here")
 
 
 @pytest.fixture

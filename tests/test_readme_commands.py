@@ -7,12 +7,15 @@ with the output lines the README prints under them), or named below with the tes
 runs it, or a synopsis with placeholders. A command added to the README that is none of these
 fails `test_every_readme_command_is_run_somewhere`. The README stays a newcomer's start (at
 most 200 lines), and every relative link of the README and docs/ resolves, anchors included."""
+import inspect
+import os
 import re
 import shlex
 
 import pytest
 
 from conftest import REPO as ROOT
+from conftest import corpus_report, corpus_score
 from ddp_lab.cli import main
 from ddp_lab.kit.docpages import docs_of, resolve, slug
 
@@ -107,6 +110,8 @@ def test_the_doctor_examples_run_as_shown(command, shown, monkeypatch, capsys):
     monkeypatch.chdir(ROOT)
     argv = shlex.split(command)
     assert argv[0] == "ddp-lab"
+    if argv[2].startswith("tests/corpus/"):
+        _share_the_corpus_run(argv[1:], monkeypatch)
     code = main(argv[1:])
     out = _words(capsys.readouterr().out)
     for line in shown:
@@ -178,3 +183,55 @@ def test_the_watch_example_finds_what_the_pages_say(monkeypatch, capsys):
         assert code == int(said.group(2)) and all(name in out for name in names), (doc.repo_path, names, out)
         shown += 1
     assert shown >= 1, "no page shows the runnable watch example and what it finds"
+
+
+# --- A command on a corpus case: the corpus's run, checked to be the same call ------------------
+
+def _share_the_corpus_run(argv: list[str], monkeypatch) -> None:
+    """The README's commands on corpus cases (issue 46): the command makes the very call the
+    corpus test makes (checked here, argument by argument: the script, or the model, its input's
+    shape and type and every option) and gets that call's report, which tools/corpus_score.py
+    keeps for the session, instead of launching the case once more
+    (tests/corpus/test_corpus_runs_once.py). The command's parsing, loading of the file, input,
+    options, printed report and exit status are its own, as before."""
+    script = str(ROOT / argv[1].split(":")[0])
+    if argv[0] == "watch":
+        from ddp_lab.doctor.watch import command  # the CLI's module: its name watch_script
+
+        report, call = corpus_report(script), corpus_score().watch_call(script)
+
+        def shared(path, args=(), nproc=2, timeout=60.0, checks=None, progress=None,
+                   first_step_timeout=None, output=None, reference=None, global_batch=None):
+            assert (os.path.abspath(path), list(args), nproc, timeout, checks, first_step_timeout,
+                    reference, global_batch) == (script, call["args"], call["nproc"], call["timeout"],
+                                                 None, None, call["reference"], None), "not the corpus's call"
+            return report
+
+        monkeypatch.setattr(command, "watch_script", shared)
+        return
+    import ddp_lab.doctor as package  # the package: its attribute doctor is what the CLI calls
+
+    signature = inspect.signature(package.doctor)
+    report = corpus_score().doctor_report(script)
+    target, example, options = corpus_score().doctor_call(script)
+
+    def shared(model, example_input, **kwargs):
+        assert model.__name__ == target.__name__, "not the corpus's model"
+        assert _shape(example_input) == _shape(example), "not the corpus's input"
+        assert _settled(signature, kwargs) == _settled(signature, options), "not the corpus's options"
+        return report
+
+    monkeypatch.setattr(package, "doctor", shared)
+
+
+def _shape(value):
+    """A tensor's shape and dtype (the doctor's inputs are random): what makes two the same."""
+    return (tuple(value.shape), str(value.dtype)) if hasattr(value, "shape") else value
+
+
+def _settled(signature, kwargs: dict) -> dict:
+    """Every keyword of the doctor's signature, given or default; a function by its name and file."""
+    bound = signature.bind_partial(None, None, **kwargs)
+    bound.apply_defaults()
+    return {k: (v.__qualname__, v.__code__.co_filename) if hasattr(v, "__code__") else v
+            for k, v in list(bound.arguments.items())[2:]}

@@ -29,9 +29,14 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Callable
 
-ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "corpus")
+ROOT = os.path.realpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "corpus"))
 RUNNERS: dict[str, Callable] = {}
 LOUD = ("error", "warning")
+# Where watch's reports on corpus scripts may already exist, made elsewhere in the same session
+# with the same call: each a function (script's real path, args, nproc, timeout, reference) ->
+# Report or None. The test suite adds the notebooks' (tests/conftest.py): a notebook that runs
+# a corpus script.
+MADE_ELSEWHERE: list[Callable] = []
 
 
 @dataclass
@@ -119,11 +124,9 @@ def run_doctor(case: Case, variant: str) -> list:
     return doctor_report(os.path.join(case.folder, f"{variant}.py")).findings
 
 
-@lru_cache(maxsize=None)
-def doctor_report(script: str):
-    """The doctor's Report on a corpus file (its case's target, input and options), once per
-    process: the corpus test and the checks' own tests share the runs."""
-    from ddp_lab.doctor import doctor
+def doctor_call(script: str) -> tuple:
+    """(target, example input, keyword options): the doctor's call on a corpus file, from its
+    case.toml (target, input, parallelize, [options]), the file loaded as its CLI loads one."""
     from ddp_lab.doctor.loader import eval_input, load_file
 
     folder = os.path.dirname(os.path.abspath(script))
@@ -135,8 +138,22 @@ def doctor_report(script: str):
         options["parallelize"] = getattr(module, spec["parallelize"])
     if isinstance(options.get("tp_plan"), str) and options["tp_plan"] != "traced":
         options["tp_plan"] = eval_input(options["tp_plan"], vars(module), "tp_plan")
-    example = eval_input(spec["input"], vars(module))
-    return doctor(getattr(module, spec["target"]), example, **options)
+    return getattr(module, spec["target"]), eval_input(spec["input"], vars(module)), options
+
+
+def doctor_report(script: str):
+    """The doctor's Report on a corpus file (its case's target, input and options), once per
+    process: the corpus test, the checks' own tests and the README's commands share the runs
+    (one per file, however its path is spelled)."""
+    return _doctor_report(os.path.realpath(script))
+
+
+@lru_cache(maxsize=None)
+def _doctor_report(script: str):
+    from ddp_lab.doctor import doctor
+
+    target, example, options = doctor_call(script)
+    return doctor(target, example, **options)
 
 
 register("doctor", run_doctor)
@@ -148,15 +165,22 @@ def run_watch(case: Case, variant: str) -> list:
     return watch_report(os.path.join(case.folder, f"{variant}.py")).findings
 
 
+def watch_call(script: str) -> dict:
+    """watch_script's arguments for a corpus script, from its case.toml: args, nproc, timeout,
+    reference (--reference's steps for a case of that class, else None)."""
+    with open(os.path.join(os.path.dirname(os.path.abspath(script)), "case.toml"), "rb") as f:
+        spec = tomllib.load(f)
+    return {"args": list(spec.get("args", [])), "nproc": spec.get("nproc", 2),
+            "timeout": spec.get("timeout", 60),
+            "reference": REFERENCE_STEPS if is_reference(spec) else None}
+
+
 def watch_report(script: str):
     """The Report of watch on a corpus script (its case's args, nproc and timeout), once per
-    process: the corpus test and the checks' own tests (tests/doctor/checks) share the runs."""
-    folder = os.path.dirname(os.path.abspath(script))
-    with open(os.path.join(folder, "case.toml"), "rb") as f:
-        spec = tomllib.load(f)
-    reference = REFERENCE_STEPS if is_reference(spec) else None
-    return watch_run(script, tuple(spec.get("args", [])), spec.get("nproc", 2), spec.get("timeout", 60),
-                     reference)
+    process: the corpus test, the checks' own tests (tests/doctor/checks) and the README's
+    commands share the runs."""
+    call = watch_call(script)
+    return watch_run(script, tuple(call["args"]), call["nproc"], call["timeout"], call["reference"])
 
 
 REFERENCE_STEPS = 3  # --reference's default
@@ -168,12 +192,20 @@ def is_reference(spec: dict) -> bool:
     return spec.get("check") == "reference" or bool(spec.get("reference_class"))
 
 
-@lru_cache(maxsize=None)
 def watch_run(script: str, args: tuple, nproc: int, timeout: float, reference: int | None = None):
     """`ddp-lab watch --nproc-per-node NPROC --timeout T [--reference-steps K] script ARGS`'s
-    Report, once per process."""
+    Report, once per process and call: one per file however its path is spelled (its real path
+    is the key), taken from MADE_ELSEWHERE where the same call was made there."""
+    return _watch_run(os.path.realpath(script), tuple(args), nproc, timeout, reference)
+
+
+@lru_cache(maxsize=None)
+def _watch_run(script: str, args: tuple, nproc: int, timeout: float, reference: int | None):
     from ddp_lab.doctor.watch.script import watch_script
 
+    for source in MADE_ELSEWHERE:
+        if (report := source(script, args, nproc, timeout, reference)) is not None:
+            return report
     return watch_script(script, list(args), nproc=nproc, timeout=timeout, reference=reference)
 
 

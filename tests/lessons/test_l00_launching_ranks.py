@@ -4,6 +4,8 @@ import torch
 
 from ddp_lab.launching.cuda_init import gpu_count
 from ddp_lab.lessons import l00_launching_ranks as l00
+from conftest import scenario_run  # one run a session, a notebook's where it made it
+
 
 # Steps 1 and 3 declare both builds' errors; each build must still raise its own.
 CUDA_BUILD = torch.cuda._is_compiled()
@@ -34,7 +36,7 @@ def test_the_corrected_example_trains_on_every_rank():
 
 
 def test_figure_has_labelled_axes():
-    result = l00.LESSON.scenario("source_example").run("fixed")
+    result = scenario_run(l00.LESSON.scenario("source_example"), "fixed")
     fig = l00.figures({"source_example": {"fixed": result}})["source_example_losses"]
     ax = fig.axes[0]
     assert ax.get_xlabel() and ax.get_ylabel() and len(ax.lines) == 2

@@ -14,11 +14,12 @@ import time
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, scenario_run  # one run a session, a notebook's where it made it
 from ddp_lab import launch
 from ddp_lab.course.exercise import try_fix
 from ddp_lab.lessons import l06_logging_and_debugging as l06
 from ddp_lab.course.registry import get_lesson
+
 
 LESSON = get_lesson("06")
 
@@ -125,7 +126,7 @@ def test_torchrun_summary_parser_on_a_known_message():
 
 def test_console_floods_then_only_rank0_speaks_and_every_rank_keeps_a_record():
     scenario = LESSON.scenario("every_rank_prints")
-    broken, fixed = scenario.run("broken"), scenario.run("fixed")
+    broken, fixed = scenario_run(scenario, "broken"), scenario_run(scenario, "fixed")
     assert l06.console_summary(broken) == {"lines": 16, "distinct": 14, "say_which_rank": 0,
                                            "records": [0, 0]}
     assert l06.console_summary(fixed) == {"lines": 4, "distinct": 4, "say_which_rank": 0,
@@ -149,7 +150,7 @@ def test_checker_wants_every_rank_on_record():
 
 def test_straggler_makes_rank0_wait_every_step_and_the_figure_shows_it():
     scenario = LESSON.scenario("straggler")
-    runs = {which: scenario.run(which) for which in ("broken", "fixed")}
+    runs = {which: scenario_run(scenario, which) for which in ("broken", "fixed")}
     broken_steps = l06.step_times(runs["broken"])
     assert [len(s) for s in broken_steps] == [4, 4]
     assert min(min(s) for s in broken_steps) > 0.1  # 0.15 s of loading on rank 1 sets the pace

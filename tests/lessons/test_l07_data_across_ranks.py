@@ -13,6 +13,8 @@ import ddp_lab
 from ddp_lab.course.exercise import try_fix
 from ddp_lab.lessons import l07_data_across_ranks as l07
 from ddp_lab.course.registry import get_lesson
+from conftest import scenario_run  # one run a session, a notebook's where it made it
+
 
 LESSON = get_lesson("07")
 
@@ -47,8 +49,8 @@ def test_the_filter_rejects_samples_of_one_rank_only():
 # --- measured on real ranks --------------------------------------------------------------
 
 def test_without_a_sampler_each_rank_takes_every_step_of_one_process():
-    broken = LESSON.scenario("no_sampler").run("broken")
-    fixed = LESSON.scenario("no_sampler").run("fixed")
+    broken = scenario_run(LESSON.scenario("no_sampler"), "broken")
+    fixed = scenario_run(LESSON.scenario("no_sampler"), "fixed")
     assert [v["steps"] for v in broken.values] == [24, 24]  # 3 epochs x 32 samples / 4
     assert [v["steps"] for v in fixed.values] == [12, 12]  # the same epochs, split in two
     assert broken.values[0]["seen"][0] == broken.values[0]["seen"][1]  # rank 0 == rank 1
@@ -56,20 +58,20 @@ def test_without_a_sampler_each_rank_takes_every_step_of_one_process():
 
 
 def test_without_set_epoch_every_epoch_is_the_first_one():
-    result = LESSON.scenario("no_set_epoch").run("broken")
+    result = scenario_run(LESSON.scenario("no_set_epoch"), "broken")
     for rank_record in result.values[0]["seen"]:
         assert rank_record[0] == rank_record[1] == rank_record[2]
-    fixed = LESSON.scenario("no_set_epoch").run("fixed")
+    fixed = scenario_run(LESSON.scenario("no_set_epoch"), "fixed")
     assert fixed.values[0]["seen"][0][0] != fixed.values[0]["seen"][0][1]
 
 
 def test_uneven_inputs_hang_where_the_batch_counts_part():
     scenario = LESSON.scenario("uneven_inputs")
-    hang = scenario.run("broken")
+    hang = scenario_run(scenario, "broken")
     assert hang.status == "timeout", hang.describe_failure()
     assert hang.ranks[0].stuck_in() == "_engine_run_backward()"  # DDP's all-reduce, in C++
     assert "in gather" in hang.ranks[1].stack_summary()  # the collective after the loop
-    joined = scenario.run("fixed")
+    joined = scenario_run(scenario, "fixed")
     assert [v["steps"] for v in joined.values] == [12, 9]  # 4 vs 3 batches per epoch
     assert joined.values[0]["coverage"] == pytest.approx(28 / 32)
 
@@ -93,7 +95,7 @@ def test_checker_rejects_each_broken_pipeline_and_accepts_the_fix():
 
 
 def test_the_picture_has_labelled_axes():
-    runs = {name: {which: LESSON.scenario(name).run(which) for which in ("broken", "fixed")}
+    runs = {name: {which: scenario_run(LESSON.scenario(name), which) for which in ("broken", "fixed")}
             for name in ("no_sampler", "no_set_epoch")}
     figures = LESSON.figures(runs)
     fig = figures["samples_seen"]

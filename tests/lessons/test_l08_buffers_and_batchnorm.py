@@ -18,6 +18,8 @@ import ddp_lab
 from ddp_lab.course.exercise import try_fix
 from ddp_lab.lessons import l08_buffers_and_batchnorm as l08
 from ddp_lab.course.registry import get_lesson
+from conftest import scenario_run  # one run a session, a notebook's where it made it
+
 
 LESSON = get_lesson("08")
 
@@ -65,8 +67,8 @@ def test_this_torch_names_the_flag_forward_sync_buffers():
 # --- on real ranks ------------------------------------------------------------------------
 
 def test_ddp_sync_keeps_rank0_statistic_and_hides_the_drift():
-    local = LESSON.scenario("local_buffer").run("broken")
-    synced = LESSON.scenario("rank0_buffer").run("broken")
+    local = scenario_run(LESSON.scenario("local_buffer"), "broken")
+    synced = scenario_run(LESSON.scenario("rank0_buffer"), "broken")
     for run in (local, synced):
         assert run.values[0]["drifts"]["linear.weight"] == 0.0  # parameters: in sync
     # rank 0 never receives anything: its buffer is the same with and without DDP's sync
@@ -79,15 +81,15 @@ def test_ddp_sync_keeps_rank0_statistic_and_hides_the_drift():
 
 
 def test_the_fixed_buffer_is_the_all_data_running_mean_on_every_rank():
-    result = LESSON.scenario("local_buffer").run("fixed")
+    result = scenario_run(LESSON.scenario("local_buffer"), "fixed")
     for value in result.values:
         torch.testing.assert_close(torch.tensor(value["history"]), torch.tensor(value["reference"]),
                                    atol=1e-6, rtol=0)
 
 
 def test_old_flag_warns_and_skips_the_init_sync():
-    old = LESSON.scenario("deprecated_flag").run("broken")
-    new = LESSON.scenario("deprecated_flag").run("fixed")
+    old = scenario_run(LESSON.scenario("deprecated_flag"), "broken")
+    new = scenario_run(LESSON.scenario("deprecated_flag"), "fixed")
     for value in old.values:
         assert len(value["warnings"]) == 1 and "forward_sync_buffers=False` still syncs" in value["warnings"][0]
     assert old.values[0]["init_drift"] == 1.0 and new.values[0]["init_drift"] == 0.0
@@ -95,7 +97,7 @@ def test_old_flag_warns_and_skips_the_init_sync():
 
 
 def test_batchnorm_gap_is_in_every_trained_layer():
-    gaps = LESSON.scenario("batchnorm_small_batches").run("broken").values[0]["gaps"]
+    gaps = scenario_run(LESSON.scenario("batchnorm_small_batches"), "broken").values[0]["gaps"]
     for name in ("inp.weight", "norm.weight", "norm.bias", "out.weight", "norm.running_mean",
                  "norm.running_var"):
         assert gaps[name] > 1e-2, (name, gaps)
@@ -141,7 +143,7 @@ def test_checker_rejects_the_local_buffer_and_accepts_the_synced_one():
 
 @pytest.mark.slow
 def test_the_pictures_have_labelled_axes():
-    runs = {name: {which: LESSON.scenario(name).run(which) for which in ("broken", "fixed")}
+    runs = {name: {which: scenario_run(LESSON.scenario(name), which) for which in ("broken", "fixed")}
             for name in ("local_buffer", "rank0_buffer", "batchnorm_small_batches")}
     figures = LESSON.figures(runs)
     assert set(figures) == {"buffers_per_rank", "batchnorm_running_mean"}

@@ -12,6 +12,8 @@ import torch
 from ddp_lab import launch
 from ddp_lab.course import exercise
 from ddp_lab.lessons import l09_saving_and_loading as l09
+from conftest import scenario_run  # one run a session, a notebook's where it made it
+
 
 LESSON = l09.LESSON
 
@@ -24,7 +26,7 @@ def _ckpt_dirs() -> set[str]:
 def runs():
     """Every scenario, broken and fixed, run once for this module."""
     before = _ckpt_dirs()
-    out = {s.name: {w: s.run(w) for w in ("broken", "fixed")} for s in LESSON.scenarios}
+    out = {s.name: {w: scenario_run(s, w) for w in ("broken", "fixed")} for s in LESSON.scenarios}
     out["_leftover_dirs"] = _ckpt_dirs() - before
     return out
 
