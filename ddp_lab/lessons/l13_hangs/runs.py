@@ -107,7 +107,7 @@ def train_with_rank0_save(wait_in_barrier: bool = False, pg_timeout: float = 1.0
     torch.manual_seed(0)
     model = torch.nn.Linear(8, 2)
     grads_synced = 0
-    with tempfile.TemporaryDirectory(dir=scratch_dir()) as tmp:  # a hung rank is killed in it
+    with tempfile.TemporaryDirectory(dir=scratch_dir()) as tmp:
         for step in range(3):
             if step == 1 and dist.get_rank() == 0:
                 save_checkpoint_slowly(model, os.path.join(tmp, "ckpt.pt"), save_seconds)
