@@ -35,6 +35,8 @@ ELSEWHERE = {
     "ddp-lab check": ("tests/kit/test_preflight.py", 'main(["check"])'),
     # JupyterLab started from the environment's Python, a lesson opened and run in it
     ".venv/bin/jupyter lab notebooks/": ("tests/course/test_browser_lab.py", '"-m", "jupyterlab"'),
+    "ddp-lab watch --reference --global-batch 16 examples/lesson20_per_rank_batch.py":
+        ("tests/doctor/checks/test_reference_runs.py", "reference=3, global_batch=16)"),
     "ddp-lab watch examples/watch_train.py:train_step --model examples/watch_train.py:Net --save save "
     "--evaluate evaluate": ("tests/doctor/test_watch.py", '"examples/watch_train.py:Net", "--save", "save", '
                             '"--evaluate", "evaluate"'),
@@ -77,7 +79,8 @@ def readme_commands() -> list[tuple[str, list[str]]]:
     return found
 
 
-IN_PROCESS = ("ddp-lab doctor examples/", "ddp-lab doctor tests/corpus/", "ddp-lab watch tests/corpus/")
+IN_PROCESS = ("ddp-lab doctor examples/", "ddp-lab doctor tests/corpus/", "ddp-lab watch tests/corpus/",
+              "ddp-lab watch --reference tests/corpus/")
 
 
 def _doctor_examples():
@@ -86,7 +89,7 @@ def _doctor_examples():
 
 def test_every_readme_command_is_run_somewhere():
     commands = readme_commands()
-    assert len(_doctor_examples()) == 8, commands  # bert, layerdrop, ten_layers; 4 corpus cases (one twice)
+    assert len(_doctor_examples()) == 9, commands  # bert, layerdrop, ten_layers; 5 corpus cases (one twice)
     for command, _ in commands:
         if command.startswith(IN_PROCESS):
             continue  # run below
@@ -110,7 +113,7 @@ def test_the_doctor_examples_run_as_shown(command, shown, monkeypatch, capsys):
     monkeypatch.chdir(ROOT)
     argv = shlex.split(command)
     assert argv[0] == "ddp-lab"
-    if argv[2].startswith("tests/corpus/"):
+    if any(a.startswith("tests/corpus/") for a in argv[2:]):
         _share_the_corpus_run(argv[1:], monkeypatch)
     code = main(argv[1:])
     out = _words(capsys.readouterr().out)
@@ -194,16 +197,17 @@ def _share_the_corpus_run(argv: list[str], monkeypatch) -> None:
     keeps for the session, instead of launching the case once more
     (tests/corpus/test_corpus_runs_once.py). The command's parsing, loading of the file, input,
     options, printed report and exit status are its own, as before."""
-    script = str(ROOT / argv[1].split(":")[0])
+    script = str(ROOT / next(a for a in argv[1:] if a.startswith("tests/corpus/")).split(":")[0])
     if argv[0] == "watch":
         from ddp_lab.doctor.watch import command  # the CLI's module: its name watch_script
+        from ddp_lab.doctor.watch.reference_run import validate_steps
 
         report, call = corpus_report(script), corpus_score().watch_call(script)
 
         def shared(path, args=(), nproc=2, timeout=60.0, checks=None, progress=None,
                    first_step_timeout=None, output=None, reference=None, global_batch=None):
             assert (os.path.abspath(path), list(args), nproc, timeout, checks, first_step_timeout,
-                    reference, global_batch) == (script, call["args"], call["nproc"], call["timeout"],
+                    reference and validate_steps(reference), global_batch) == (script, call["args"], call["nproc"], call["timeout"],
                                                  None, None, call["reference"], None), "not the corpus's call"
             return report
 
