@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ast
 
+from ..userline import describe
 from .api import Finding
 
 KEY = "collective-aliases"
@@ -107,7 +108,6 @@ def record(ctx, op, bound, line, frame, seen):
         return  # (gather: torch gives only dst a gather_list)
     seen.add(line)
     made = made_at(frame.f_code.co_filename, frame.f_lineno, op)
-    from ..userline import describe
     ctx.add(KEY, {"op": op, "line": line, "step": ctx.step, "pairs": pairs, "n": len(bound[LISTS[op]]),
                   "made": describe(frame.f_code.co_filename, made) if made else ""})
 

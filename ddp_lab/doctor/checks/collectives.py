@@ -194,8 +194,13 @@ CHECK = Check(
            "gradients-reduced-again": "error", "collective-outputs-alias": "error"},
     attach=attach, judge=judge, tools=("watch",),
     tests=("tests/doctor/checks/test_collectives.py",
-           "tests/doctor/checks/test_collectives_uses.py"),
-    notes=("a Python collective is compared through the first 500 a rank calls; the flight "
+           "tests/doctor/checks/test_collectives_uses.py",
+           "tests/doctor/checks/test_collectives_alias.py"),
+    notes=("an output list is judged on the script's own all_gather / all_to_all / gather: two "
+           "entries of one storage alias when they are one view or both contiguous with "
+           "overlapping bytes (interleaved strided views are not judged); named where the list "
+           "was made when the source assigns it by name, else at the collective",
+           "a Python collective is compared through the first 500 a rank calls; the flight "
            "recorder keeps the newest 2000 of every kind (DDP's included)",
            "the loop's exit is read from the script's source: the `if` around a `break` in the "
            "loop that steps the optimizer, else where its iterable was made",
