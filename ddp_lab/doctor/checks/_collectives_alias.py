@@ -105,7 +105,7 @@ def record(ctx, op, bound, line, frame, seen):
         return
     pairs = shared(op, bound)
     if pairs is None:
-        return  # (gather: torch gives only dst a gather_list)
+        return  # (gather: only dst may pass a gather_list, _validate_output_list_for_rank)
     seen.add(line)
     made = made_at(frame.f_code.co_filename, frame.f_lineno, op)
     ctx.add(KEY, {"op": op, "line": line, "step": ctx.step, "pairs": pairs, "n": len(bound[LISTS[op]]),
