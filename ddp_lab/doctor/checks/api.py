@@ -123,6 +123,8 @@ RANK_KEYS = {
                              "of a few numbers the script called itself",
     "collective-grads": "collectives: {line, step, op, model, names, params, before, after, end} "
                         "per line and step that all_reduced gradients DDP had averaged",
+    "collective-aliases": "collectives: {op, line, step, pairs, n, made} per line whose "
+                          "collective's output list shares memory between entries",
     "state": "state: {step, parameter: {name: digest}, buffer: {...}, sharded} per hashed step",
     "state-edits": "state: edits of parameters or buffers outside the optimizer, per line",
     "state-models": "state: {kind, line, sync_buffers} per wrapped model",
