@@ -24,6 +24,7 @@ from typing import Any, Callable
 from ..frames import ScriptFiles
 from ..userline import describe
 from ._context_built import built_init, subclasses
+from ._context_guard import guarded_each
 from ._context_steps import StepOptimizer
 
 KEEP = 500  # items kept per `add` key (the newest are dropped: the first are the evidence)
@@ -150,16 +151,24 @@ class Context:
     def guard(self, fn: Callable) -> Callable:
         """`fn` wrapped so that an exception of the check's own code is recorded (under
         "check-errors"), never raised into the user's script."""
-        def guarded(*args, **kwargs):
-            if getattr(self._local, "checking", False):
+        local = self._local
+
+        def guarded(*args, **kwargs):  # in_checks() inline: no context manager per hook call
+            if getattr(local, "checking", False):
                 return None
+            local.checking = True  # it was False: what it goes back to
             try:
-                with self.in_checks():
-                    return fn(*args, **kwargs)
+                return fn(*args, **kwargs)
             except Exception as exc:  # noqa: BLE001 - a check must not break the script
                 self.add("check-errors", f"{getattr(fn, '__qualname__', fn)}: {type(exc).__name__}: {exc}")
                 return None
+            finally:
+                local.checking = False
         return guarded
+
+    def guarded_each(self, fns, *args) -> None:
+        """`guard(fn)(*args)` for each of `fns` (a None skipped), with no wrapper per call."""
+        guarded_each(self, fns, args)
 
     @contextmanager
     def in_checks(self):
@@ -221,8 +230,7 @@ class Context:
         now = time.time()
         self.steps[-1]["end"] = now
         self._write({"step": self.step, "end": now})
-        for fn in self._step_end:
-            self.guard(fn)(self)
+        self.guarded_each(self._step_end, self)
         self.step += 1
         if len(self.steps) < STEPS_KEPT:
             self.steps.append({"begin": time.time(), "end": None})
