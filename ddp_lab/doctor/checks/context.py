@@ -24,7 +24,7 @@ from typing import Any, Callable
 from ..frames import ScriptFiles
 from ..userline import describe
 from ._context_built import built_init, subclasses
-from ._context_guard import guarded_each
+from ._context_guard import guarded_each, mode_aside, mode_back
 from ._context_steps import StepOptimizer
 
 KEEP = 500  # items kept per `add` key (the newest are dropped: the first are the evidence)
@@ -157,12 +157,15 @@ class Context:
             if getattr(local, "checking", False):
                 return None
             local.checking = True  # it was False: what it goes back to
+            aside = mode_aside(self)
             try:
                 return fn(*args, **kwargs)
             except Exception as exc:  # noqa: BLE001 - a check must not break the script
                 self.add("check-errors", f"{getattr(fn, '__qualname__', fn)}: {type(exc).__name__}: {exc}")
                 return None
             finally:
+                if aside:
+                    mode_back(self)
                 local.checking = False
         return guarded
 
