@@ -24,6 +24,7 @@ from typing import Any, Callable
 from ..frames import ScriptFiles
 from ..userline import describe
 from ._context_built import built_init, subclasses
+from ._context_records import RecordsFile
 from ._context_guard import guarded_each, mode_aside, mode_back
 from ._context_steps import StepOptimizer
 
@@ -55,7 +56,7 @@ class Context:
         self.step = 0
         self.records: dict[str, Any] = {}
         self.steps: list[dict] = [{"begin": time.time(), "end": None}]
-        self._out = open(records_path, "a", encoding="utf-8") if records_path else None
+        self._out = RecordsFile(records_path) if records_path else None
         self._step_end: list[Callable] = []
         self._model: list[Callable] = []
         self._finish: list[Callable] = []
@@ -80,19 +81,17 @@ class Context:
         self.records[key] = value
         self._write({"key": key, "value": value})
 
-    def add(self, key: str, item) -> None:
+    def add(self, key: str, item, later: bool = False) -> None:
+        """`item` appended under `key` (the first KEEP). `later`: its line may wait for the step's
+        end (_context_records.py: a record a finished step needs, written once per step)."""
         items = self.records.setdefault(key, [])
         if len(items) < KEEP:
             items.append(item)
-            self._write({"add": key, "item": item})
+            self._write({"add": key, "item": item}, later)
 
-    def _write(self, line: dict) -> None:
+    def _write(self, line: dict, later: bool = False) -> None:
         if self._out is not None:
-            try:
-                self._out.write(json.dumps(line, default=str) + "\n")
-                self._out.flush()  # a rank that hangs or dies later still told us this
-            except (OSError, ValueError, TypeError):
-                pass
+            self._out.write(line, later)
 
     # --- callbacks -------------------------------------------------------------------------
     def on_step_end(self, fn: Callable) -> None:
@@ -231,13 +230,19 @@ class Context:
             if not self._stepping.counts(optimizer):
                 return  # a second optimizer (a GAN's) steps inside the same step
         now = time.time()
+        if self._out is not None:
+            self._out.holding = True  # this step's end, its hooks' records, the next begin: one write
         self.steps[-1]["end"] = now
-        self._write({"step": self.step, "end": now})
-        self.guarded_each(self._step_end, self)
-        self.step += 1
-        if len(self.steps) < STEPS_KEPT:
-            self.steps.append({"begin": time.time(), "end": None})
-            self._write({"step": self.step, "begin": self.steps[-1]["begin"]})
+        try:
+            self._write({"step": self.step, "end": now})
+            self.guarded_each(self._step_end, self)  # a SystemExit (the reference's) ends here
+            self.step += 1
+            if len(self.steps) < STEPS_KEPT:
+                self.steps.append({"begin": time.time(), "end": None})
+                self._write({"step": self.step, "begin": self.steps[-1]["begin"]})
+        finally:
+            if self._out is not None:
+                self._out.release()
 
     def finish(self) -> None:
         if self.finished:

@@ -108,7 +108,7 @@ def _on_loss(ctx, func, args, kwargs, out, scaling):
         rec["red"] = "other"
     else:
         rec["n"] = _count(func.__name__, b)
-    ctx.add("logged.train", rec)
+    ctx.add("logged.train", rec, later=True)  # one write per step (_context_records.py)
     if rec["grad"]:
         scaling.start(out)
 
@@ -135,7 +135,7 @@ def _on_backward(ctx, args, scaling):
         t = t[0] if len(t) == 1 else None
     if t is not None and hasattr(t, "numel") and t.numel() == 1:
         ctx.add("logged.train", {"s": ctx.step, "fn": "backward", "v": float(t.detach()),
-                                 **scaling.finish(t)})
+                                 **scaling.finish(t)}, later=True)
     else:
         scaling.stop()
 
