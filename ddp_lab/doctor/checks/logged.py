@@ -98,9 +98,7 @@ _SIGNATURES: dict = {}
 def _on_loss(ctx, func, args, kwargs, out, scaling):
     if type(out).__name__ != "Tensor" or out.numel() != 1:
         return
-    if func not in _SIGNATURES:
-        _SIGNATURES[func] = inspect.signature(func)
-    b = _SIGNATURES[func].bind(*args, **kwargs).arguments
+    b = _bound(func, args, kwargs)
     rec = {"s": ctx.step, "fn": func.__name__, "v": float(out.detach()),
            "grad": bool(out.requires_grad), "red": b.get("reduction", "mean")}
     if b.get("size_average") is not None or b.get("reduce") is not None or rec["red"] not in (
@@ -113,6 +111,23 @@ def _on_loss(ctx, func, args, kwargs, out, scaling):
         scaling.start(out)
 
 
+def _bound(func, args, kwargs) -> dict:
+    """{parameter: value} as `inspect.signature(func).bind(*args, **kwargs).arguments` gives it
+    (the arguments given, no defaults), from the names of the positional parameters found once
+    per function: a Signature.bind per loss call cost more than the rest of the handler."""
+    names = _SIGNATURES.get(func)
+    if names is None:
+        params = inspect.signature(func).parameters.values()
+        names = _SIGNATURES[func] = () if any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+                                              for p in params) else tuple(
+            p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
+    if not names or len(args) > len(names):
+        return inspect.signature(func).bind(*args, **kwargs).arguments
+    b = dict(zip(names, args))
+    b.update(kwargs)
+    return b
+
+
 def _count(name, b) -> float:
     """The number of terms a "mean" reduction divides by: for cross_entropy and nll_loss with
     class indices, the sum of w[y_n] over the targets not equal to ignore_index (1 each without
@@ -120,8 +135,8 @@ def _count(name, b) -> float:
     import torch
 
     x, y = b["input"], b["target"]
-    if name not in CLASS_LOSSES:
-        return float(torch.broadcast_shapes(x.shape, y.shape).numel())
+    if name not in CLASS_LOSSES:  # the shapes equal: no broadcast_shapes (Python, per call)
+        return float(x.numel() if x.shape == y.shape else torch.broadcast_shapes(x.shape, y.shape).numel())
     if y.is_floating_point():  # class probabilities: every sample counts
         return float(x.numel() // x.shape[1] if x.dim() > 1 else 1)
     valid = y != b.get("ignore_index", -100)
