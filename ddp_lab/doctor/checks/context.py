@@ -234,12 +234,14 @@ class Context:
             self._out.holding = True  # this step's end, its hooks' records, the next begin: one write
         self.steps[-1]["end"] = now
         try:
-            self._write({"step": self.step, "end": now})
+            if self._out is not None:  # as _write({"step": ..., "end": now}), cheaper
+                self._out.step(self.step, "end", now)
             self.guarded_each(self._step_end, self)  # a SystemExit (the reference's) ends here
             self.step += 1
             if len(self.steps) < STEPS_KEPT:
                 self.steps.append({"begin": time.time(), "end": None})
-                self._write({"step": self.step, "begin": self.steps[-1]["begin"]})
+                if self._out is not None:
+                    self._out.step(self.step, "begin", self.steps[-1]["begin"])
         finally:
             if self._out is not None:
                 self._out.release()
