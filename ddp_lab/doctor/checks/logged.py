@@ -164,7 +164,14 @@ def _shard_norm(parameters):
              if getattr(p, "grad", None) is not None]
     if not grads or not all(type(g).__name__ == "DTensor" for g in grads):
         return None
-    return math.sqrt(sum(float(g.to_local().detach().float().pow(2).sum()) for g in grads))
+    # one _foreach_norm over the local parts (as torch's get_total_norm, nn/utils/clip_grad.py),
+    # not six calls per gradient: the step's end computes it every step under FSDP2
+    local = [getattr(g, "_local_tensor", None) for g in grads]
+    if any(t is None for t in local):
+        local = [g.to_local() for g in grads]
+    with torch.no_grad():
+        norms = torch._foreach_norm([t if t.dtype == torch.float32 else t.float() for t in local], 2.0)
+        return math.sqrt(float(torch.stack(norms).double().pow(2).sum()))
 
 
 def _on_norm(ctx, out, shard, args, kwargs):
