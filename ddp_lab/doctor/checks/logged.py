@@ -164,8 +164,7 @@ def _shard_norm(parameters):
              if getattr(p, "grad", None) is not None]
     if not grads or not all(type(g).__name__ == "DTensor" for g in grads):
         return None
-    # one _foreach_norm over the local parts (as torch's get_total_norm, nn/utils/clip_grad.py),
-    # not six calls per gradient: the step's end computes it every step under FSDP2
+    # one _foreach_norm of the local parts (torch's get_total_norm's), every step's end under FSDP2
     local = [getattr(g, "_local_tensor", None) for g in grads]
     if any(t is None for t in local):
         local = [g.to_local() for g in grads]
