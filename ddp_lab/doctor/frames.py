@@ -179,16 +179,18 @@ class ScriptFiles:
         self.folder = os.path.dirname(self.script)
         self.folders = tuple(dict.fromkeys([self.folder, *map(os.path.abspath, folders)]))
         self.dynamic = dynamic
+        self._held: dict[str, bool] = {}  # an absolute filename's answer: the checks ask per frame
 
-    def holds(self, filename: str) -> bool:
-        if filename.startswith(DYNAMIC):
-            return self.dynamic
-        if filename.startswith("<"):  # "<frozen runpy>", "<string>": no file, though abspath
-            return False              # would place it in the working directory, the script's own
-        name = os.path.abspath(filename)
-        if name != self.script and not any(name.startswith(f + os.sep) for f in self.folders):
-            return False
-        return not any(s in name for s in (os.sep + "site-packages" + os.sep, _PACKAGE_HOME + os.sep))
+    def holds(self, filename: str) -> bool:  # "<frozen runpy>", "<string>": no file (abspath would
+        found = self._held.get(filename)     # place it in the working directory, the script's own)
+        if found is None:
+            name = os.path.abspath(filename)
+            found = self.dynamic if filename.startswith(DYNAMIC) else not filename.startswith("<") and (
+                name == self.script or any(name.startswith(f + os.sep) for f in self.folders)) and not any(
+                s in name for s in (os.sep + "site-packages" + os.sep, _PACKAGE_HOME + os.sep))
+            if os.path.isabs(filename):  # a relative one depends on the working directory
+                self._held[filename] = found
+        return found
 
     def frame(self, frame):
         """(file, line number, the line's text) of the innermost frame in the user's files."""

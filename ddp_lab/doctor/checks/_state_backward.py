@@ -64,7 +64,9 @@ class Backwards:
                 why = ("DDP's forward ran with require_backward_grad_sync False, set True only after it"
                        if wrapper is not None and getattr(wrapper, FLAG, False)
                        else "DDP's forward ran with require_backward_grad_sync False")
-        self.last = {"line": self.ctx.user_line(), "why": why}
+        # the line only where it is told (a step whose last backward DDP did not prepare): a
+        # user_line walks the stack, every step
+        self.last = {"line": self.ctx.user_line() if why is not None else "", "why": why}
 
     def step_end(self) -> None:
         last, self.last = self.last, None

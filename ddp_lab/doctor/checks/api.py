@@ -10,7 +10,8 @@ ddp_lab/doctor/userline.py), and nothing of the tools above it.
 
 - `Check`: a check's declaration (the registry, checks/__init__.py, finds it by its module).
 - `Context` (context.py): one rank's view of a watched run: the rank, the step, `models`
-  (the `Watched` models the script wrapped), `add`/`emit` (plain data the parent reads back),
+  (the `Watched` models the script wrapped), `add`/`emit` (plain data the parent reads back;
+  `add(key, item, later=True)` for a record of every step: written with the step's end),
   the callbacks (`on_step_end`, `on_model`, `on_finish`, `on_torch_function` and, for a check
   that watches for a while, `off_torch_function`), `user_line()` and
   `guard(fn)` (a check's own exception is recorded, never raised into the user's code).

@@ -12,7 +12,6 @@ the script imports it).
 """
 from __future__ import annotations
 
-import json
 import os
 import sys
 import threading
@@ -25,6 +24,8 @@ from ..frames import ScriptFiles
 from ..userline import describe
 from ._context_built import built_init, subclasses
 from ._context_hooks import UserHook
+from ._context_records import RecordsFile, read_records  # noqa: F401 - the parent reads a rank's file here
+from ._context_guard import guarded_each, mode_aside, mode_back
 from ._context_steps import StepOptimizer
 
 KEEP = 500  # items kept per `add` key (the newest are dropped: the first are the evidence)
@@ -55,7 +56,7 @@ class Context:
         self.step = 0
         self.records: dict[str, Any] = {}
         self.steps: list[dict] = [{"begin": time.time(), "end": None}]
-        self._out = open(records_path, "a", encoding="utf-8") if records_path else None
+        self._out = RecordsFile(records_path) if records_path else None
         self._step_end: list[Callable] = []
         self._model: list[Callable] = []
         self._finish: list[Callable] = []
@@ -80,19 +81,17 @@ class Context:
         self.records[key] = value
         self._write({"key": key, "value": value})
 
-    def add(self, key: str, item) -> None:
+    def add(self, key: str, item, later: bool = False) -> None:
+        """`item` appended under `key` (the first KEEP). `later`: its line may wait for the step's
+        end (_context_records.py: a record a finished step needs, written once per step)."""
         items = self.records.setdefault(key, [])
         if len(items) < KEEP:
             items.append(item)
-            self._write({"add": key, "item": item})
+            self._write({"add": key, "item": item}, later)
 
-    def _write(self, line: dict) -> None:
+    def _write(self, line: dict, later: bool = False) -> None:
         if self._out is not None:
-            try:
-                self._out.write(json.dumps(line, default=str) + "\n")
-                self._out.flush()  # a rank that hangs or dies later still told us this
-            except (OSError, ValueError, TypeError):
-                pass
+            self._out.write(line, later)
 
     # --- callbacks -------------------------------------------------------------------------
     def on_step_end(self, fn: Callable) -> None:
@@ -151,15 +150,22 @@ class Context:
     def guard(self, fn: Callable) -> Callable:
         """`fn` wrapped so that an exception of the check's own code is recorded (under
         "check-errors"), never raised into the user's script."""
-        def guarded(*args, **kwargs):
-            if getattr(self._local, "checking", False):
+        local = self._local
+
+        def guarded(*args, **kwargs):  # in_checks() inline: no context manager per hook call
+            if getattr(local, "checking", False):
                 return None
+            local.checking = True  # it was False: what it goes back to
+            aside = mode_aside(self)
             try:
-                with self.in_checks():
-                    return fn(*args, **kwargs)
+                return fn(*args, **kwargs)
             except Exception as exc:  # noqa: BLE001 - a check must not break the script
                 self.add("check-errors", f"{getattr(fn, '__qualname__', fn)}: {type(exc).__name__}: {exc}")
                 return None
+            finally:
+                if aside:
+                    mode_back(self)
+                local.checking = False
         return guarded
 
     def user_hook(self, fn: Callable, guarded: bool = True) -> UserHook:
@@ -169,6 +175,10 @@ class Context:
         own pickle, torch.save or deepcopy of that object carries an inert no-op instead of the
         check and its context (_context_hooks.py)."""
         return UserHook(self.guard(fn) if guarded else fn)
+
+    def guarded_each(self, fns, *args) -> None:
+        """`guard(fn)(*args)` for each of `fns` (a None skipped), with no wrapper per call."""
+        guarded_each(self, fns, args)
 
     @contextmanager
     def in_checks(self):
@@ -228,14 +238,21 @@ class Context:
             if not self._stepping.counts(optimizer):
                 return  # a second optimizer (a GAN's) steps inside the same step
         now = time.time()
+        if self._out is not None:
+            self._out.holding = True  # this step's end, its hooks' records, the next begin: one write
         self.steps[-1]["end"] = now
-        self._write({"step": self.step, "end": now})
-        for fn in self._step_end:
-            self.guard(fn)(self)
-        self.step += 1
-        if len(self.steps) < STEPS_KEPT:
-            self.steps.append({"begin": time.time(), "end": None})
-            self._write({"step": self.step, "begin": self.steps[-1]["begin"]})
+        try:
+            if self._out is not None:  # as _write({"step": ..., "end": now}), cheaper
+                self._out.step(self.step, "end", now)
+            self.guarded_each(self._step_end, self)  # a SystemExit (the reference's) ends here
+            self.step += 1
+            if len(self.steps) < STEPS_KEPT:
+                self.steps.append({"begin": time.time(), "end": None})
+                if self._out is not None:
+                    self._out.step(self.step, "begin", self.steps[-1]["begin"])
+        finally:
+            if self._out is not None:
+                self._out.release()
 
     def finish(self) -> None:
         if self.finished:
@@ -259,28 +276,3 @@ def class_name(module) -> str:
     if cls.__name__.startswith("FSDP") and len(cls.__bases__) > 1:
         cls = cls.__bases__[-1]
     return cls.__name__
-
-
-def read_records(path: str) -> dict:
-    """A rank's records file (JSON lines, written as it went) as {key: value}, with "steps"."""
-    out: dict[str, Any] = {}
-    steps: dict[int, dict] = {}
-    try:
-        with open(path, encoding="utf-8") as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return {"steps": []}
-    for line in lines:
-        try:
-            item = json.loads(line)
-        except ValueError:
-            continue  # a line cut short when the rank was killed
-        if "key" in item:
-            out[item["key"]] = item["value"]
-        elif "add" in item:
-            out.setdefault(item["add"], []).append(item["item"])
-        elif "step" in item:
-            s = steps.setdefault(item["step"], {"begin": None, "end": None})
-            s.update({k: v for k, v in item.items() if k in ("begin", "end")})
-    out["steps"] = [steps[k] for k in sorted(steps)]
-    return out

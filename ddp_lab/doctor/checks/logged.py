@@ -98,9 +98,7 @@ _SIGNATURES: dict = {}
 def _on_loss(ctx, func, args, kwargs, out, scaling):
     if type(out).__name__ != "Tensor" or out.numel() != 1:
         return
-    if func not in _SIGNATURES:
-        _SIGNATURES[func] = inspect.signature(func)
-    b = _SIGNATURES[func].bind(*args, **kwargs).arguments
+    b = _bound(func, args, kwargs)
     rec = {"s": ctx.step, "fn": func.__name__, "v": float(out.detach()),
            "grad": bool(out.requires_grad), "red": b.get("reduction", "mean")}
     if b.get("size_average") is not None or b.get("reduce") is not None or rec["red"] not in (
@@ -108,9 +106,26 @@ def _on_loss(ctx, func, args, kwargs, out, scaling):
         rec["red"] = "other"
     else:
         rec["n"] = _count(func.__name__, b)
-    ctx.add("logged.train", rec)
+    ctx.add("logged.train", rec, later=True)  # one write per step (_context_records.py)
     if rec["grad"]:
         scaling.start(out)
+
+
+def _bound(func, args, kwargs) -> dict:
+    """{parameter: value} as `inspect.signature(func).bind(*args, **kwargs).arguments` gives it
+    (the arguments given, no defaults), from the names of the positional parameters found once
+    per function: a Signature.bind per loss call cost more than the rest of the handler."""
+    names = _SIGNATURES.get(func)
+    if names is None:
+        params = inspect.signature(func).parameters.values()
+        names = _SIGNATURES[func] = () if any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+                                              for p in params) else tuple(
+            p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
+    if not names or len(args) > len(names):
+        return inspect.signature(func).bind(*args, **kwargs).arguments
+    b = dict(zip(names, args))
+    b.update(kwargs)
+    return b
 
 
 def _count(name, b) -> float:
@@ -120,8 +135,8 @@ def _count(name, b) -> float:
     import torch
 
     x, y = b["input"], b["target"]
-    if name not in CLASS_LOSSES:
-        return float(torch.broadcast_shapes(x.shape, y.shape).numel())
+    if name not in CLASS_LOSSES:  # the shapes equal: no broadcast_shapes (Python, per call)
+        return float(x.numel() if x.shape == y.shape else torch.broadcast_shapes(x.shape, y.shape).numel())
     if y.is_floating_point():  # class probabilities: every sample counts
         return float(x.numel() // x.shape[1] if x.dim() > 1 else 1)
     valid = y != b.get("ignore_index", -100)
@@ -135,7 +150,7 @@ def _on_backward(ctx, args, scaling):
         t = t[0] if len(t) == 1 else None
     if t is not None and hasattr(t, "numel") and t.numel() == 1:
         ctx.add("logged.train", {"s": ctx.step, "fn": "backward", "v": float(t.detach()),
-                                 **scaling.finish(t)})
+                                 **scaling.finish(t)}, later=True)
     else:
         scaling.stop()
 
@@ -149,7 +164,13 @@ def _shard_norm(parameters):
              if getattr(p, "grad", None) is not None]
     if not grads or not all(type(g).__name__ == "DTensor" for g in grads):
         return None
-    return math.sqrt(sum(float(g.to_local().detach().float().pow(2).sum()) for g in grads))
+    # one _foreach_norm of the local parts (torch's get_total_norm's), every step's end under FSDP2
+    local = [getattr(g, "_local_tensor", None) for g in grads]
+    if any(t is None for t in local):
+        local = [g.to_local() for g in grads]
+    with torch.no_grad():
+        norms = torch._foreach_norm([t if t.dtype == torch.float32 else t.float() for t in local], 2.0)
+        return math.sqrt(float(torch.stack(norms).double().pow(2).sum()))
 
 
 def _on_norm(ctx, out, shard, args, kwargs):

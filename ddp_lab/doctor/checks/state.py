@@ -28,6 +28,7 @@ from ._state_backward import Backwards, GradientReads
 from ._state_rank import Rank, comparable, is_sharded
 from .api import Check, digest, in_place_functions, written_by
 
+MUTED_FROM = 16  # parameters: an optimizer of more steps with `seen` out of the core's table
 FIRST, EVERY = 5, 10  # hash steps 0-4, then every 10th: a model's full hash is not free
 
 
@@ -94,17 +95,26 @@ def attach(ctx) -> None:
     funcs = in_place_functions()
     table = getattr(ctx, "_functions", None)  # the core's {func: handlers}
 
-    def mute(quiet: bool) -> None:
+    lists: list = []  # the core's handler lists of `funcs` (the same list objects for the run)
+    muted = [False]  # `seen` is out of them now
+
+    def mute(quiet: bool, many: bool = True) -> None:
         """Out of the core's table while an optimizer steps: a for-loop optimizer (CPU) makes
-        a few in-place ops per parameter, each of which would reach `seen` only to be ignored."""
+        a few in-place ops per parameter, each of which would reach `seen` only to be ignored.
+        Not for an optimizer of a few parameters (`many` False): going through the lists (one
+        per in-place function, ~180) then costs more than the few calls `seen` ignores."""
         rank.in_optimizer = quiet
-        for f in funcs if isinstance(table, dict) else ():
-            handlers = table.get(f)
-            if handlers is not None and quiet == (seen in handlers):
+        if not isinstance(table, dict) or quiet == muted[0] or (quiet and not many):
+            return
+        if not lists:
+            lists.extend(table.setdefault(f, []) for f in funcs)
+        for handlers in lists:
+            if quiet == (seen in handlers):
                 handlers.remove(seen) if quiet else handlers.append(seen)
+        muted[0] = quiet
 
     def opt_begins(opt, args, kwargs):
-        mute(True)
+        mute(True, sum(len(g["params"]) for g in opt.param_groups) > MUTED_FROM)
         if rank.stepping(opt):  # its parameters as they start (the judge's replicas)
             _started(ctx, rank)
 

@@ -150,18 +150,16 @@ def function_mode(ctx: Context):
         # Never traced nor compiled by dynamo: code that resumes after a graph break runs under
         # dynamo's frame callback, which would otherwise compile the checks' handlers as frames
         # of their own (seen by the compiled check: extra graphs and breaks in ddp_lab's files).
-        for h in handlers:
-            if h is not None:  # `alone`: the followers switched off while `func` ran (a gc)
-                ctx.guard(h)(func, args, kwargs, result)
+        # a None: `alone`, the followers switched off while `func` ran (a gc)
+        ctx.guarded_each(handlers, func, args, kwargs, result)
 
     every = ctx._every
     alone = (None,)  # what the lookup gives a function no check watches, while `every` is on
 
     @torch.compiler.disable(recursive=True)
     def dispatch_all(handlers, func, args, kwargs, result):
-        for h in handlers:  # dispatch_own's loop, inline (each disabled call costs a frame switch)
-            if h is not None:
-                ctx.guard(h)(func, args, kwargs, result)
+        ctx.guarded_each(handlers, func, args, kwargs, result)  # dispatch_own's, inline (each
+        # disabled call costs a frame switch)
         # on_every_torch_function's handlers run on every call: not through ctx.guard (a
         # context manager per call); the same promise, kept by hand
         local = ctx._local
