@@ -202,7 +202,7 @@ CHECK = Check(
     codes={"find-unused-parameters-unneeded": "warning",
            "accumulation-syncs-every-micro-batch": "warning"},
     attach=attach, judge=judge, tools=("watch",), strategies=("ddp",),
-    tests="tests/doctor/checks/test_ddp_settings.py",
+    tests=("tests/doctor/checks/test_ddp_settings.py", "tests/doctor/checks/test_ddp_settings_accum.py"),
     notes=("judged over the steps the watched run took: a model that skips a parameter only "
            "later (a phase the run did not reach) needs the flag all the same",
            "static_graph=True is not judged (DDP finds the unused parameters once, itself)",

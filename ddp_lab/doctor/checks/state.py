@@ -204,7 +204,7 @@ CHECK = Check(
     codes={"parameters-differ-after-step": "error", "buffers-differ-after-step": "warning",
            "state-not-compared": "info", "ranks-train-in-different-modes": "warning"},
     attach=attach, judge=judge, tools=("watch",),
-    tests="tests/doctor/checks/test_state.py",
+    tests=("tests/doctor/checks/test_state.py", "tests/doctor/checks/test_state_modes.py"),
     notes=("hashes steps 0-4, then every 10th step, and the last step when the script ends (a full "
            "hash of a large model is not free): a parting between two hashes is dated by the later one",
            "with no wrapped model, the optimizers' parameters are compared where every rank started "
