@@ -48,8 +48,9 @@ class _Accum:
                     "skipped": bool(getattr(wrapper, "_use_python_reducer", False)
                                     or getattr(wrapper, "_delay_all_reduce_all_params", False)),
                     "comm_hook": ""}
-        wrapper.register_forward_pre_hook(ctx.user_hook(self.forward))
-        param.register_hook(ctx.user_hook(self.arrives))
+        # two hooks cheap enough to need no guard (a flag each); the third guards its own
+        wrapper.register_forward_pre_hook(ctx.user_hook(self.forward, guarded=False))
+        param.register_hook(ctx.user_hook(self.arrives, guarded=False))
         param.register_post_accumulate_grad_hook(ctx.user_hook(self.accumulated))
 
     def forward(self, module, args) -> None:
