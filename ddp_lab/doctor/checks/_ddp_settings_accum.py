@@ -20,6 +20,9 @@ What a rank records, per DDP model (a few booleans and ints per step):
   `.grad`; torch.autograd.grad, which accumulates nothing, fires neither);
 - at a backward into a `.grad` already there, after a synchronised backward of the same step:
   one wasted all-reduce; the step ends (an optimizer's step) and it all starts over.
+The line named: the user's frame when the first wasted one is seen (on CPU autograd runs the
+backward on the calling thread: the loop's `loss.backward()`); where the hook ran on autograd's
+device thread (a GPU), the user's line when that `backward()` returns.
 
 Not judged: static_graph=True, a comm hook of the user's (register_comm_hook, a built-in hook:
 the hook decides what is communicated), DDP's python reducer or delayed all-reduce. A
@@ -64,9 +67,13 @@ class _Accum:
             self.wasted_now += 1
             if self.rec["first"] is None:
                 self.rec["first"] = self.ctx.step
-                self.rec["where"] = self.ctx.user_line()
+                self.rec["where"] = self.ctx.user_line()  # "" on autograd's device thread
         self.synced = self.synced or self.sync
         self.had_grad = False
+
+    def backward_returned(self) -> None:
+        if self.rec["first"] is not None and not self.rec["where"]:
+            self.rec["where"] = self.ctx.user_line()
 
     def step_ended(self) -> None:
         rec = self.rec
@@ -103,7 +110,12 @@ class Accumulations:
         if not self.models:
             ctx.on_step_end(self.step_ended)
             ctx.on_finish(self.finished)
+            ctx.on_torch_function([torch.Tensor.backward, torch.autograd.backward], self.returned)
         self.models.append(_Accum(ctx, w, param))
+
+    def returned(self, func, args, kwargs, result) -> None:
+        for m in self.models:
+            m.backward_returned()
 
     def step_ended(self, ctx) -> None:
         for m in self.models:
