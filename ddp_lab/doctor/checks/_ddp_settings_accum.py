@@ -22,7 +22,10 @@ What a rank records, per DDP model (a few booleans and ints per step):
   one wasted all-reduce; the step ends (an optimizer's step) and it all starts over.
 The line named: the user's frame when the first wasted one is seen (on CPU autograd runs the
 backward on the calling thread: the loop's `loss.backward()`); where the hook ran on autograd's
-device thread (a GPU), the user's line when that `backward()` returns.
+device thread (a GPU), the user's line when that `backward()` returns. A backward run under
+no_sync() whose forward ran outside it is counted (`backward_only`): DDP synchronises it all the
+same (no_sync's docstring: "The forward pass should be included inside the context manager, or
+else gradients will still be synchronized"; measured: 4 all-reduces for 4 such micro-batches).
 
 Not judged: static_graph=True, a comm hook of the user's (register_comm_hook, a built-in hook:
 the hook decides what is communicated), DDP's python reducer or delayed all-reduce. A
@@ -46,7 +49,7 @@ class _Accum:
         self.wasted_now = 0  # wasted all-reduces in this step
         wrapper = w.wrapper
         self.rec = {"line": w.line, "where": "", "steps": 0, "synced_steps": 0,
-                    "wasted_steps": 0, "wasted": 0, "first": None,
+                    "wasted_steps": 0, "wasted": 0, "first": None, "backward_only": 0,
                     "static_graph": bool(getattr(wrapper, "static_graph", False)),
                     "skipped": bool(getattr(wrapper, "_use_python_reducer", False)
                                     or getattr(wrapper, "_delay_all_reduce_all_params", False)),
@@ -68,6 +71,8 @@ class _Accum:
             if self.rec["first"] is None:
                 self.rec["first"] = self.ctx.step
                 self.rec["where"] = self.ctx.user_line()  # "" on autograd's device thread
+        if self.sync and not self.w.wrapper.require_backward_grad_sync:
+            self.rec["backward_only"] += 1  # no_sync() around the backward, not the forward
         self.synced = self.synced or self.sync
         self.had_grad = False
 

@@ -181,13 +181,18 @@ def _accum_finding(rec: dict) -> Finding:
           "DDP all-reduces the gradients of every backward whose forward ran with "
           "require_backward_grad_sync=True (not under model.no_sync()); the step's result is "
           "the same, the traffic is one all-reduce per micro-batch instead of one per step"]
+    if rec.get("backward_only"):
+        ev.append(f"{rec['backward_only']} backward(s) ran under model.no_sync() while their forward "
+                  "ran outside it: DDP prepared the all-reduce in the forward, and synchronised "
+                  "them all the same (no_sync's docstring: the forward pass should be included "
+                  "inside the context manager)")
     ev.append(f"DDP built at {rec['line']}" if rec.get("line") else "")
     return Finding(
         "warning", "accumulation-syncs-every-micro-batch", "01",
         "gradient accumulation on a DDP model without no_sync(): the gradients are all-reduced "
         "on every micro-batch's backward, not once per optimizer step",
         [e for e in ev if e],
-        "run the forward and backward of every micro-batch but the last under `with "
+        "run the forward AND backward of every micro-batch but the last under `with "
         "model.no_sync():` (or set model.require_backward_grad_sync = (last micro-batch) before "
         "the forward, as nanoGPT does): DDP then all-reduces once, on the last backward",
         where=rec.get("where") or rec.get("line", ""), strategies=("ddp",))

@@ -1,8 +1,9 @@
 """Watch check "ddp_settings", code `accumulation-syncs-every-micro-batch`
 (ddp_lab/doctor/checks/_ddp_settings_accum.py): gradient accumulation on a DDP model whose every
 micro-batch's backward DDP all-reduces. Real runs under watch on 2 ranks: caught on blind case
-b56 (at its backward line) and on a plain accumulation loop (at the loop's backward line); quiet
-on b56's fixed script (no_sync for all but the last micro-batch), with nanoGPT's
+b56 (at its backward line), on a plain accumulation loop (at the loop's backward line) and, with
+the reason, when no_sync() holds the backward but not the forward (DDP synchronises all the
+same); quiet on b56's fixed script (no_sync for all but the last micro-batch), with nanoGPT's
 `require_backward_grad_sync = last` set before the forward, when each backward has its own
 optimizer step, for two losses through one backward, when the gradients are set to None between
 two backwards, with a comm hook of the user's, and under static_graph=True."""
@@ -72,7 +73,8 @@ def main():
                 loss = out.pow(2).mean() / 4
                 if MODE == "two_losses":  # a second loss of the same forward, one backward
                     loss = loss + out.abs().mean()
-                loss.backward()
+                with model.no_sync() if MODE == "backward_only" and not last else contextlib.nullcontext():
+                    loss.backward()  # backward_only: no_sync() around the backward alone syncs
             if MODE == "step_each":
                 opt.step()
                 opt.zero_grad()
@@ -97,9 +99,17 @@ def script(tmp_path, mode: str):
 def test_a_plain_accumulation_loop_is_named_at_its_backward(tmp_path):
     report = script(tmp_path, "plain")
     [f] = ours(report)
-    assert f.where == "train.py:29: loss.backward()"
+    assert f.where == "train.py:30: loss.backward()  # backward_only: no_sync() around the backward alone syncs"
     assert f.evidence[0].startswith("in 5 of 5 optimizer steps")
     assert "(15 such backwards on rank 0)" in f.evidence[0]  # 3 wasted of 4, 5 steps
+
+
+def test_no_sync_around_the_backward_alone_still_syncs_and_is_named(tmp_path):
+    report = script(tmp_path, "backward_only")  # no_sync's docstring: the forward belongs inside
+    [f] = ours(report)
+    assert f.where.startswith("train.py:30: loss.backward()")
+    assert any(e.startswith("15 backward(s) ran under model.no_sync() while their forward")
+               for e in f.evidence)
 
 
 @pytest.mark.parametrize("mode", ["no_sync", "flag", "step_each", "two_losses", "set_to_none",
