@@ -189,8 +189,11 @@ def _accum_finding(rec: dict) -> Finding:
     ev.append(f"DDP built at {rec['line']}" if rec.get("line") else "")
     return Finding(
         "warning", "accumulation-syncs-every-micro-batch", "01",
-        "gradient accumulation on a DDP model without no_sync(): the gradients are all-reduced "
-        "on every micro-batch's backward, not once per optimizer step",
+        ("gradient accumulation on a DDP model with no_sync() around the backward but not the "
+         "forward" if rec.get("backward_only") else
+         "gradient accumulation on a DDP model without no_sync()")
+        + ": the gradients are all-reduced on every micro-batch's backward, not once per "
+          "optimizer step",
         [e for e in ev if e],
         "run the forward AND backward of every micro-batch but the last under `with "
         "model.no_sync():` (or set model.require_backward_grad_sync = (last micro-batch) before "

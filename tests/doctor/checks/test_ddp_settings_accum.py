@@ -108,6 +108,8 @@ def test_no_sync_around_the_backward_alone_still_syncs_and_is_named(tmp_path):
     report = script(tmp_path, "backward_only")  # no_sync's docstring: the forward belongs inside
     [f] = ours(report)
     assert f.where.startswith("train.py:30: loss.backward()")
+    assert f.title.startswith("gradient accumulation on a DDP model with no_sync() around the "
+                              "backward but not the forward: the gradients are all-reduced")
     assert any(e.startswith("15 backward(s) ran under model.no_sync() while their forward")
                for e in f.evidence)
 
