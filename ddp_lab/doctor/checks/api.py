@@ -179,6 +179,11 @@ RANK_KEYS = {
                    "it ran in",
     "ddp-settings": "ddp_settings: {line, keyword, static_graph, world, steps, unused_steps, "
                     "first_unused, logging} per DDP model built with find_unused_parameters=True",
+    "state-modes": "state: per wrapped model, [step, mask (1 train, 2 eval), line of the last "
+                   "train()/eval()] when a step's training-forward mode changes",
+    "ddp-accum": "ddp_settings: {line, where, steps, synced_steps, wasted_steps, wasted, first, backward_only, "
+                 "static_graph, skipped, comm_hook} per DDP model: backwards accumulating onto "
+                 "gradients DDP had already all-reduced in the same step",
     "optimizer.made": "optimizer: {o, line, type} per optimizer built (o: its index on the rank)",
     "optimizer.hyper": "optimizer: {o, k, s, v: per group [[key, value]], by: [{line, what}], "
                        "stores?, shared?} at its first step and when its hyperparameters change",

@@ -31,6 +31,7 @@ import functools
 import os
 
 from ..userline import describe
+from . import _ddp_settings_accum as accum
 from .api import Check, Finding
 
 KEY = "ddp-settings"
@@ -88,6 +89,7 @@ class _Models:
 
 def attach(ctx) -> None:
     ctx.on_model(_Models(ctx).wrapped)
+    ctx.on_model(accum.Accumulations(ctx).wrapped)
 
 
 def _tree(path: str):
@@ -127,6 +129,10 @@ def _keyword_line(path: str, lineno: int) -> str:
 
 
 def judge(ev) -> list[Finding]:
+    return _judge_unused(ev) + [_accum_finding(rec) for rec in accum.judged(ev)]
+
+
+def _judge_unused(ev) -> list[Finding]:
     per_rank = [r.get(KEY) or [] for r in ev.ranks]
     if not any(per_rank):
         return []
@@ -167,14 +173,47 @@ def _finding(rec: dict, steps: int, world: int) -> Finding:
         where=rec.get("keyword") or rec.get("line", ""), strategies=("ddp",))
 
 
+def _accum_finding(rec: dict) -> Finding:
+    ev = [f"in {rec['wasted_steps']} of {rec['steps']} optimizer steps, a backward of this DDP model "
+          f"accumulated into gradients that an earlier backward of the same step had already "
+          f"all-reduced ({rec['wasted']} such backwards on rank 0): DDP all-reduced every "
+          f"micro-batch, and only the last all-reduce before the step counts",
+          "DDP all-reduces the gradients of every backward whose forward ran with "
+          "require_backward_grad_sync=True (not under model.no_sync()); the step's result is "
+          "the same, the traffic is one all-reduce per micro-batch instead of one per step"]
+    if rec.get("backward_only"):
+        ev.append(f"{rec['backward_only']} backward(s) ran under model.no_sync() while their forward "
+                  "ran outside it: DDP prepared the all-reduce in the forward, and synchronised "
+                  "them all the same (no_sync's docstring: the forward pass should be included "
+                  "inside the context manager)")
+    ev.append(f"DDP built at {rec['line']}" if rec.get("line") else "")
+    return Finding(
+        "warning", "accumulation-syncs-every-micro-batch", "01",
+        ("gradient accumulation on a DDP model with no_sync() around the backward but not the "
+         "forward" if rec.get("backward_only") else
+         "gradient accumulation on a DDP model without no_sync()")
+        + ": the gradients are all-reduced on every micro-batch's backward, not once per "
+          "optimizer step",
+        [e for e in ev if e],
+        "run the forward AND backward of every micro-batch but the last under `with "
+        "model.no_sync():` (or set model.require_backward_grad_sync = (last micro-batch) before "
+        "the forward, as nanoGPT does): DDP then all-reduces once, on the last backward",
+        where=rec.get("where") or rec.get("line", ""), strategies=("ddp",))
+
+
 CHECK = Check(
     name="ddp_settings",
     mechanism="DDP's settings against what DDP saw over the run: find_unused_parameters=True "
-              "when no step ever had an unused parameter",
+              "when no step ever had an unused parameter; gradient accumulation that DDP "
+              "all-reduces on every micro-batch (no no_sync())",
     lesson="01",
-    codes={"find-unused-parameters-unneeded": "warning"},
+    codes={"find-unused-parameters-unneeded": "warning",
+           "accumulation-syncs-every-micro-batch": "warning"},
     attach=attach, judge=judge, tools=("watch",), strategies=("ddp",),
-    tests="tests/doctor/checks/test_ddp_settings.py",
+    tests=("tests/doctor/checks/test_ddp_settings.py", "tests/doctor/checks/test_ddp_settings_accum.py"),
     notes=("judged over the steps the watched run took: a model that skips a parameter only "
            "later (a phase the run did not reach) needs the flag all the same",
-           "static_graph=True is not judged (DDP finds the unused parameters once, itself)"))
+           "static_graph=True is not judged (DDP finds the unused parameters once, itself)",
+           "accumulation: not judged under static_graph=True or a comm hook (the hook decides "
+           "what is sent); zero_grad(set_to_none=False) between two backwards with no step "
+           "between reads as accumulation"))

@@ -23,7 +23,8 @@ import time
 import weakref
 
 from ..frames import first_of
-from ._state_judge import judge
+from . import _state_modes as modes
+from ._state_judge import judge as _judge_state
 from ._state_backward import Backwards, GradientReads
 from ._state_rank import Rank, comparable, is_sharded
 from .api import Check, digest, in_place_functions, written_by
@@ -142,6 +143,9 @@ def attach(ctx) -> None:
                           reads.read)
     ctx.on_step_end(lambda c: reads.step_end())
     ctx.on_finish(lambda c: _at_exit(c, rank))
+    mode = modes.Modes(ctx)
+    ctx.on_model(lambda c, w: mode.model(w))
+    ctx.on_step_end(lambda c: mode.step_end())
 
 
 def _model_row(w) -> dict:
@@ -195,20 +199,27 @@ def _started(ctx, rank) -> None:
         ctx.add("state-start", {"step": ctx.step, "parameter": found})
 
 
-# --- the parent: _state_judge.py ---------------------------------------------------------------
+# --- the parent: _state_judge.py, _state_modes.py ----------------------------------------------
+
+
+def judge(ev):
+    return _judge_state(ev) + modes.judge(ev)
 
 
 CHECK = Check(
     name="state",
-    mechanism="parameters and buffers identical across ranks after each optimizer step",
+    mechanism="parameters and buffers identical across ranks after each optimizer step; every "
+              "rank's training forward in the same mode (train/eval)",
     lesson="01",
     codes={"parameters-differ-after-step": "error", "buffers-differ-after-step": "warning",
-           "state-not-compared": "info"},
+           "state-not-compared": "info", "ranks-train-in-different-modes": "warning"},
     attach=attach, judge=judge, tools=("watch",),
-    tests="tests/doctor/checks/test_state.py",
+    tests=("tests/doctor/checks/test_state.py", "tests/doctor/checks/test_state_modes.py"),
     notes=("hashes steps 0-4, then every 10th step, and the last step when the script ends (a full "
            "hash of a large model is not free): a parting between two hashes is dated by the later one",
            "with no wrapped model, the optimizers' parameters are compared where every rank started "
            "with the same values (a script that syncs gradients by hand); each rank's own model is not",
            "FSDP2: sharded parameters hold a different shard per rank by design and are not compared",
-           "DDP with its buffer sync on: buffers are overwritten by rank 0's before each forward, not compared"))
+           "DDP with its buffer sync on: buffers are overwritten by rank 0's before each forward, not compared",
+           "modes: the mode of the training forward through the DDP wrapper or FSDP2 root (autograd on); "
+           "the line named is the last train()/eval() on the model itself, not on a submodule"))
