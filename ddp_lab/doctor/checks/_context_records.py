@@ -56,6 +56,10 @@ class RecordsFile:
         except (OSError, ValueError):
             pass
 
+    @property
+    def closed(self) -> bool:
+        return self._f.closed
+
     def close(self) -> None:
         self.release()
         self._f.close()
