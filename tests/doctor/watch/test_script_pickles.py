@@ -46,7 +46,8 @@ for step in range(3):
     dist.all_reduce(val)
     if rank == 0:
         print(f"step {step} loss {loss.item():.6f} val {val.item() / 2:.6f}")
-print("hooks", rank, sum(len(m._forward_pre_hooks) + len(m._forward_hooks) for m in (net, model)))
+hooked = sum(len(m._forward_pre_hooks) + len(m._forward_hooks) for m in (net, model))
+print(f"hooks {rank} {hooked}")  # one write: the ranks share torchrun's stdout
 path = os.path.join(sys.argv[1], f"whole{rank}.pt")
 torch.save(model.module, path)
 torch.save(net, path + ".net")
@@ -62,11 +63,11 @@ with torch.no_grad():
     assert torch.equal(torch.load(path + ".net", weights_only=False)(x), net(x))
     assert torch.equal(pickle.loads(blob)(x), net(x))
     assert torch.equal(ema2(x), ema(x)) and torch.equal(copy.deepcopy(net)(x), net(x))
-    print("reloaded", rank, f"{again(x).sum().item():.6f}", f"{ema2(x).sum().item():.6f}")
+    print(f"reloaded {rank} {again(x).sum().item():.6f} {ema2(x).sum().item():.6f}")
 assert len(opt2.state) == len(opt.state) == 4
 dist.barrier()
 dist.destroy_process_group()
-print("done", rank)
+print(f"done {rank}")
 """
 
 
@@ -90,7 +91,7 @@ def test_a_script_that_pickles_its_hooked_model_ends_as_under_torchrun(tmp_path)
         assert f"done {r}" in said and f"done {r}" in done.stdout
     hooks = [int(n) for n in re.findall(r"hooks \d (\d+)", said)]
     assert len(hooks) == 2 and min(hooks) > 0, said  # the checks' hooks were on the saved model
-    assert re.findall(r"hooks \d (\d+)", done.stdout) == ["0", "0"]
+    assert re.findall(r"hooks \d (\d+)", done.stdout) == ["0", "0"], done.stdout
 
     def numbers(text):
         return sorted(re.findall(r"(?:step|reloaded) .*", text))
