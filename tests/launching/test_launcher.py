@@ -266,7 +266,9 @@ def test_ranks_and_server_exit_by_themselves_when_the_caller_dies(tmp_path):
 
     script = ("import sys, rank_bodies, ddp_lab\n"
               f"ddp_lab.launch(rank_bodies.write_pid_and_hang, {str(tmp_path)!r}, timeout=60)\n")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    # a caller killed by SIGKILL cannot remove its launch folder: it goes in this test's own
+    # temporary folder, not /tmp (what is tested is that the ranks and the server exit)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), TMPDIR=str(tmp_path))
     caller = subprocess.Popen([sys.executable, "-c", script], env=env)
     deadline = time.time() + 60
     while len(list(tmp_path.glob("*.pid"))) < 2 and time.time() < deadline:
