@@ -235,17 +235,18 @@ def line_in_function(fn, pattern: re.Pattern) -> str | None:
     return ""
 
 
-# --- statements found by what they store: where a run shows THAT a value changed but no hook sees
-# the write (a plain dict's item, a module's attribute). Each file parsed once.
-
 @lru_cache(maxsize=64)
-def _tree(path: str):
+def source_tree(path: str):
+    """The user's file at `path` parsed (None when it cannot be read or parsed), once."""
     try:
         with open(path, encoding="utf-8") as f:
             return ast.parse(f.read())
     except (OSError, SyntaxError, ValueError):
         return None
 
+
+# --- statements found by what they store: where a run shows THAT a value changed but no hook sees
+# the write (a plain dict's item, a module's attribute).
 
 def _assigned(node) -> list:
     targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
@@ -275,7 +276,7 @@ def stores(files, keys=(), attr: str | None = None) -> list[str]:
     (`g["lr"] = ...`, `g["lr"] *= ...`, `g.update(lr=...)`) or assigns the attribute `attr`."""
     keys, out = set(keys), []
     for path in dict.fromkeys(files):
-        tree = _tree(path)
+        tree = source_tree(path)
         if tree is None:
             continue
         for node in ast.walk(tree):

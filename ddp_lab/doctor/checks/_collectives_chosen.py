@@ -5,18 +5,10 @@ loaded); a value every rank computed the same way, from its own data, is another
 from __future__ import annotations
 
 import ast
-from functools import lru_cache
+
+from ..userline import source_tree
 
 RANK_WORDS = ("rank", "main", "master", "leader", "chief", "primary", "global_zero", "local_zero")
-
-
-@lru_cache(maxsize=64)
-def _tree(path: str):
-    try:
-        with open(path, encoding="utf-8") as f:
-            return ast.parse(f.read())
-    except (OSError, SyntaxError, ValueError):
-        return None
 
 
 def _words(node) -> set:
@@ -70,7 +62,7 @@ def _mentions(node, names: set) -> bool:
 def chosen_at(path: str, lineno: int) -> bool:
     """Whether a value handed over on line `lineno` of `path` was set, before that line in the
     same function, under an `if` (or a conditional expression) that tests the rank."""
-    tree = _tree(path)
+    tree = source_tree(path)
     if tree is None:
         return False
     scope = _scope(tree, lineno)
