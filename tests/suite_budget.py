@@ -49,6 +49,9 @@ def folder_of(nodeid: str) -> str:
     return f"{parts[0]}/ (top-level files)"
 
 
+SLOWEST = 15  # test files listed by their seconds
+
+
 class Budget:
     def __init__(self, session: run_log.Session):
         self.session = session
@@ -96,6 +99,10 @@ class Budget:
             lines += ["", "| notebook (strict nbval) | cells | seconds | launches |", "|---|---|---|---|"]
             lines += self._rows(lambda n: n.split("::")[0].removeprefix("notebooks/"), owned,
                                 only=notebooks)
+        files = [n for n in self.seconds if not n.startswith("notebooks/")]
+        if files:  # where to look next: the files, not the folders
+            lines += ["", "| slowest test files | tests | seconds | launches |", "|---|---|---|---|"]
+            lines += self._rows(lambda n: n.split("::")[0], owned, only=files)[:SLOWEST]
         lines += ["", *(f"{k}: {v}" for k, v in self.apart.items())]
         lines += ["", self._launch_summary(launches, owned), "", "Checked:"]
         lines += [f"  {row}: {n}" for row, n in self.checked().items()]
