@@ -20,6 +20,7 @@ from ..checks.api import Context
 from ..userline import describe
 from .as_main import run_as_main
 from .steps import StepClock
+from .unwatched import install as install_unwatched
 
 
 class ScriptExit(SystemExit):
@@ -112,7 +113,7 @@ def install_core(ctx: Context) -> list:
         if getattr(owner, "init_process_group", None) is start:
             owner.init_process_group = init_process_group
             undo.append(lambda owner=owner: setattr(owner, "init_process_group", start))
-    return undo
+    return [*undo, install_unwatched(ctx)]  # torch's own optimizer steps and batches: unwatched.py
 
 
 def _outside_the_mode(ctx: Context, fn):
