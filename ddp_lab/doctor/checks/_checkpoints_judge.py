@@ -2,6 +2,7 @@
 findings at the user's save or load line."""
 from __future__ import annotations
 
+from ._checkpoints_restores import judge_restores
 from .api import Finding
 
 WRAPPERS = (("module.", "DDP"), ("_orig_mod.", "torch.compile"))  # the prefixes they add
@@ -128,4 +129,4 @@ def judge_loads(ev) -> list[Finding]:
 
 
 def judge(ev) -> list[Finding]:
-    return judge_saves(ev) + judge_loads(ev) + judge_dcp(ev)
+    return judge_saves(ev) + judge_loads(ev) + judge_dcp(ev) + judge_restores(ev)

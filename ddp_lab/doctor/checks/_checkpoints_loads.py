@@ -84,21 +84,26 @@ def reload(loads: Loads, f, torch) -> tuple[object, str]:
 
 def watch_state_dicts(ctx, loads: Loads, w) -> None:
     """On a wrapper's wrap: its top-level state_dict() calls from now on remember their line."""
+    if w.kind in ("ddp", "compiled"):
+        loads.wrappers.add(id(w.wrapper))
+
+
+def wrap_state_dict(ctx, loads: Loads, took) -> None:
+    """nn.Module.state_dict wrapped once: each top-level call from the user's code is passed to
+    `took(module, out)`; a wrapper's (watch_state_dicts) also remembers its line."""
     import torch
 
-    if w.kind not in ("ddp", "compiled"):
-        return
-    loads.wrappers.add(id(w.wrapper))
     if getattr(torch.nn.Module.state_dict, "_watched", False):
         return
     state_dict = torch.nn.Module.state_dict
 
     def watched(self, *args, **kwargs):
         out = state_dict(self, *args, **kwargs)
-        if id(self) in loads.wrappers and not args and not kwargs.get("prefix") and not ctx.checking:
-            where = ctx.user_line(sys._getframe(1))
-            if where and isinstance(out, dict):
-                loads.remember(loads.lines, out, where)
+        if not args and not kwargs.get("prefix") and not ctx.checking \
+                and ctx.is_user_file(sys._getframe(1).f_code.co_filename):
+            ctx.guard(took)(self, out)
+            if id(self) in loads.wrappers and isinstance(out, dict):
+                loads.remember(loads.lines, out, ctx.user_line(sys._getframe(1)))
         return out
 
     watched._watched = True

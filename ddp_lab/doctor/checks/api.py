@@ -151,6 +151,8 @@ RANK_KEYS = {
                     "the first input of a data-parallel model's training forward, per DataLoader "
                     "epoch or step",
     "loaded-nothing": "checkpoints: load_state_dict(strict=False) that matched nothing",
+    "restores": "checkpoints: {kind: itself|live, where, s, type, ...} a load_state_dict of the module's own "
+                "earlier state, or of a live module's over a checkpoint entry nothing loads",
     "dcp-saves": "checkpoints: {where, lost, count} per dcp.save",
     "dcp-loads": "checkpoints: {where, when, keys, shared, ok | differs} per dcp.load",
     "dcp-unread": "checkpoints: {where, why}: a dcp.save read back failed",

@@ -31,7 +31,8 @@ import sys
 
 from ._checkpoints_dcp import attach_dcp
 from ._checkpoints_judge import judge
-from ._checkpoints_loads import Loads, path_of, reload, watch_state_dicts
+from ._checkpoints_loads import Loads, path_of, reload, watch_state_dicts, wrap_state_dict
+from ._checkpoints_restores import Restores
 from ._checkpoints_state import (at, first_difference, fresh_copy, is_dtensor, match, oneline,
                                  plain_module, same_storage, tensor_dicts)
 from .api import Check
@@ -109,6 +110,9 @@ def attach(ctx) -> None:
     save, load = torch.serialization.save, torch.serialization.load
     done: dict = {}
     loads = Loads(ctx)
+    restores = Restores(ctx)
+    wrap_state_dict(ctx, loads, restores.took)
+    ctx.on_step_end(restores.step_end)
 
     def torch_save(obj, f, *args, **kwargs):
         out = save(obj, f, *args, **kwargs)
@@ -120,6 +124,9 @@ def attach(ctx) -> None:
         out = load(f, *args, **kwargs)
         if not ctx.checking:
             ctx.guard(loads.loaded)(out, f, kwargs, sys._getframe(1))
+            where = ctx.user_line(sys._getframe(1))  # (the resume check's wrapper may be between)
+            if where:
+                ctx.guard(restores.read)(out, where)
         return out
 
     torch.save = torch.serialization.save = torch_save
@@ -127,8 +134,11 @@ def attach(ctx) -> None:
     load_state_dict = torch.nn.Module.load_state_dict
 
     def module_load_state_dict(self, state_dict, *args, **kwargs):
+        mine = not ctx.checking and ctx.is_user_file(sys._getframe(1).f_code.co_filename)
+        if mine:
+            ctx.guard(restores.loading)(self, state_dict)
         out = load_state_dict(self, state_dict, *args, **kwargs)
-        if not ctx.checking and ctx.is_user_file(sys._getframe(1).f_code.co_filename):
+        if mine:
             strict = kwargs.get("strict", args[0] if args else True)
             ctx.guard(loaded_nothing)(ctx, self, state_dict, out, strict)
             ctx.guard(loaded_into)(ctx, loads, self, state_dict, strict)
@@ -166,10 +176,12 @@ def loaded_nothing(ctx, module, state_dict, out, strict) -> None:
 CHECK = Check(
     name="checkpoints",
     mechanism="checkpoints the script writes reload into a plain model, read as the script "
-              "reads them (torch.save and DCP)",
+              "reads them (torch.save and DCP); a module is restored from the state meant for "
+              "it (not its own live tensors, not another module's over the checkpoint's)",
     lesson="09",
     codes={"checkpoint-does-not-reload": "error", "dcp-values-lost": "error",
-           "dcp-load-into-copy": "error"},
+           "dcp-load-into-copy": "error", "state-dict-by-reference": "warning",
+           "checkpoint-state-not-restored": "warning"},
     attach=attach, judge=judge, tools=("watch",),
     tests="tests/doctor/checks/test_checkpoints.py",
     notes=("dcp.async_save is not checked", "a torch.save to a buffer (not a path) is not reloaded",

@@ -9,30 +9,39 @@ case's broken script and stays silent on its fixed one, each run under watch on 
                                 script's own load would
     dcp-values-lost             33 (a hand-sharded plain tensor under one key)
     dcp-load-into-copy          34 (dcp.load into CPU copies of the model's tensors)
+    state-dict-by-reference     b52 (a "best" state kept as model.state_dict(), loaded back at the
+                                end: named where it was taken; test_checkpoints_restores.py in-process)
+    checkpoint-state-not-restored  b62 (an EMA restored on resume from the live model, its entry in
+                                the checkpoint left unread: named at that load)
 """
 import tomllib
 from functools import lru_cache
 from pathlib import Path
 
 import pytest
-from conftest import corpus_report
+from conftest import corpus_score
 
 CORPUS = Path(__file__).parents[2] / "corpus" / "watch"
-CODES = ("checkpoint-does-not-reload", "dcp-values-lost", "dcp-load-into-copy")
+CODES = ("checkpoint-does-not-reload", "dcp-values-lost", "dcp-load-into-copy",
+         "state-dict-by-reference", "checkpoint-state-not-restored")
 CASES = [  # a file only the same wrapper reloads is a warning; lost or unloaded values, errors
     ("30_ddp_module_prefix", "checkpoint-does-not-reload", "warning"),
     ("31_compiled_orig_mod_prefix", "checkpoint-does-not-reload", "warning"),  # state_dict()'s line
     ("32_fsdp2_rank0_saves_shards", "checkpoint-does-not-reload", "error"),
     ("35_strict_false_loads_nothing", "checkpoint-does-not-reload", "error"),
     ("33_dcp_dedup_per_rank_tensor", "dcp-values-lost", "error"),
-    ("34_dcp_load_into_copy", "dcp-load-into-copy", "error")]
+    ("34_dcp_load_into_copy", "dcp-load-into-copy", "error"),
+    ("b52_best_state_dict_reference", "state-dict-by-reference", "warning"),  # blind cases
+    ("b62_resume_ema_from_live_weights", "checkpoint-state-not-restored", "warning")]
 
 
 @lru_cache(maxsize=None)
 def report(case: str, script: str):
-    from ddp_lab.doctor.watch.script import watch_script
-
-    return corpus_report(CORPUS / case / script)  # the corpus test's run, shared
+    """watch as the corpus test runs the script (its run, shared), but never under --reference
+    (b52 and b62 are of the reference's class: the corpus runs them with --reference-steps 3)."""
+    score, path = corpus_score(), str(CORPUS / case / script)
+    call = score.watch_call(path)
+    return score.watch_run(path, tuple(call["args"]), call["nproc"], call["timeout"], None)
 
 
 def fault_line(case: str) -> int:
