@@ -39,8 +39,9 @@ def under_torchrun(name: str, steps: int) -> float:
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
                            str(HERE / name), *args_for(name, steps)], capture_output=True,
                           text=True, timeout=600, env=env)
-    if done.returncode:
-        raise RuntimeError(done.stderr[-2000:])
+    if done.returncode:  # the rank's own message is at the start, torchrun's summary at the end
+        raise RuntimeError(f"torchrun {name} exited {done.returncode}:\n{done.stderr[:3000]}\n...\n"
+                           f"{done.stderr[-1500:]}")
     return per_step(done.stdout)
 
 
