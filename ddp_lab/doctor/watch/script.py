@@ -101,7 +101,7 @@ def watch_script(path: str, args=(), nproc: int = 2, timeout: float = DEFAULT_TI
                          (float(timeout), first), world_size=nproc, timeout=first,
                          init_process_group=False, grace=2.0, as_torchrun=True, output=output,
                          env=env,
-                         label=f"watch {os.path.basename(path)}")
+                         label=f"watch {'--reference ' if steps else ''}{os.path.basename(path)}")
         seconds = time.time() - launched
         ranks = [read_records(os.path.join(folder, f"rank{r}.jsonl")) for r in range(nproc)]
         refuse_unstarted(run, ranks, path)

@@ -45,9 +45,9 @@ for step in range(3):
     model.train()
     dist.all_reduce(val)
     if rank == 0:
-        print(f"step {step} loss {loss.item():.6f} val {val.item() / 2:.6f}")
+        sys.stdout.write(f"step {step} loss {loss.item():.6f} val {val.item() / 2:.6f}\\n")
 hooked = sum(len(m._forward_pre_hooks) + len(m._forward_hooks) for m in (net, model))
-sys.stdout.write(f"hooks {rank} {hooked}\n")  # one write (print writes the end apart): the ranks share torchrun's stdout
+sys.stdout.write(f"hooks {rank} {hooked}\\n")  # one write (print writes the end apart): the ranks share torchrun's stdout
 path = os.path.join(sys.argv[1], f"whole{rank}.pt")
 torch.save(model.module, path)
 torch.save(net, path + ".net")
@@ -63,11 +63,11 @@ with torch.no_grad():
     assert torch.equal(torch.load(path + ".net", weights_only=False)(x), net(x))
     assert torch.equal(pickle.loads(blob)(x), net(x))
     assert torch.equal(ema2(x), ema(x)) and torch.equal(copy.deepcopy(net)(x), net(x))
-    sys.stdout.write(f"reloaded {rank} {again(x).sum().item():.6f} {ema2(x).sum().item():.6f}\n")
+    sys.stdout.write(f"reloaded {rank} {again(x).sum().item():.6f} {ema2(x).sum().item():.6f}\\n")
 assert len(opt2.state) == len(opt.state) == 4
 dist.barrier()
 dist.destroy_process_group()
-sys.stdout.write(f"done {rank}\n")
+sys.stdout.write(f"done {rank}\\n")
 """
 
 
