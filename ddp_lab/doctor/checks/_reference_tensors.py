@@ -15,6 +15,7 @@ gradient's and update's norms (the judge weighs a tensor's difference against th
 from __future__ import annotations
 
 import os
+import weakref
 
 
 INIT = "init-r{rank}.pt"
@@ -78,7 +79,9 @@ class Tensors:
         self.folder, self.steps = cfg["dir"], int(cfg.get("steps", 3))
         self.world = int(cfg.get("world", 1))
         self.model = None  # the Watched model compared: the first DDP model, or FSDP2's root
-        self.optimizer = None
+        self.optimizer = None  # a weak reference to the first optimizer that steps: held
+        # strongly, it outlived a script's rebuilt one, and the core's step rule then counted
+        # no step of the new optimizer (a resume into a fresh trainer, corpus case b62)
         self.taken = None  # this step's {before, grad, lr} from the optimizer's pre-hook
 
     def attach(self) -> None:
@@ -133,8 +136,8 @@ class Tensors:
     # --- one step -----------------------------------------------------------------------------
     def pre_step(self, opt, args, kwargs) -> None:
         if self.optimizer is None:
-            self.optimizer = opt
-        if opt is not self.optimizer or self.ctx.step >= self.steps:
+            self.optimizer = weakref.ref(opt)
+        if opt is not self.optimizer() or self.ctx.step >= self.steps:
             return
         if self.model is None:
             roots = [w for w in self.ctx.models if w.kind == "fsdp2"]
