@@ -90,7 +90,7 @@ def watch_state_dicts(ctx, loads: Loads, w) -> None:
 
 def wrap_state_dict(ctx, loads: Loads, took) -> None:
     """nn.Module.state_dict wrapped once: each top-level call from the user's code is passed to
-    `took(module, out)`; a wrapper's (watch_state_dicts) also remembers its line."""
+    `took(module, out, its line)`; a wrapper's (watch_state_dicts) also remembers its line."""
     import torch
 
     if getattr(torch.nn.Module.state_dict, "_watched", False):
@@ -101,9 +101,10 @@ def wrap_state_dict(ctx, loads: Loads, took) -> None:
         out = state_dict(self, *args, **kwargs)
         if not args and not kwargs.get("prefix") and not ctx.checking \
                 and ctx.is_user_file(sys._getframe(1).f_code.co_filename):
-            ctx.guard(took)(self, out)
+            where = ctx.user_line(sys._getframe(1))
+            ctx.guard(took)(self, out, where)
             if id(self) in loads.wrappers and isinstance(out, dict):
-                loads.remember(loads.lines, out, ctx.user_line(sys._getframe(1)))
+                loads.remember(loads.lines, out, where)
         return out
 
     watched._watched = True

@@ -24,22 +24,18 @@ from collections import OrderedDict
 from ._checkpoints_state import same_storage, tensor_dicts
 from .api import Finding
 
-KEPT = 2_000  # state dicts remembered (the newest)
-
 
 class Restores:
-    def __init__(self, ctx):
-        self.ctx = ctx
-        self.taken: OrderedDict = OrderedDict()  # id(state) -> (line, step, len, id(module))
+    def __init__(self, ctx, loads):
+        self.ctx, self.loads = ctx, loads  # loads: _checkpoints_loads.Loads (its id tables)
+        self.taken: OrderedDict = OrderedDict()  # id(state) -> ((line, step, id(module)), len)
         self.entries: list = []  # per file entry torch.load returned: {id, keys, path, where, used}
         self.pending: list = []  # loads from a live state after a checkpoint was read
 
-    def took(self, module, out) -> None:
-        """A top-level state_dict() from the user's code returned `out`."""
+    def took(self, module, out, where: str) -> None:
+        """A top-level state_dict() from the user's code (at `where`) returned `out`."""
         if isinstance(out, dict) and out:
-            self.taken[id(out)] = (self.ctx.user_line(), self.ctx.step, len(out), id(module))
-            while len(self.taken) > KEPT:
-                self.taken.popitem(last=False)
+            self.loads.remember(self.taken, out, (where, self.ctx.step, id(module)))
 
     def read(self, out, where: str) -> None:
         """torch.load from the user's code returned `out`: its state-dict-like entries."""
@@ -54,10 +50,10 @@ class Restores:
         for e in self.entries:
             if e["id"] == id(state):
                 e["used"] = True
-        found = self.taken.get(id(state))
-        if found is None or found[2] != len(state):
+        found = self.loads.recall(self.taken, state)
+        if found is None:
             return
-        line, step, _, source = found
+        line, step, source = found
         own = module.state_dict()
         common = [k for k in state if k in own]
         if common and all(same_storage(state[k], own[k]) for k in common):
@@ -70,7 +66,7 @@ class Restores:
             # another module's live state (taken this step), after a checkpoint was read
             self.pending.append({"keys": frozenset(own), "where": line, "loaded_at": self.ctx.user_line(),
                                  "s": self.ctx.step, "type": type(module).__name__,
-                                 "entries": len(self.entries)})
+                                 "entries": list(self.entries)})  # the files read before it
 
     def step_end(self, ctx) -> None:
         """Each pending load, a step later: a file entry with the module's keys nothing loaded."""
@@ -79,7 +75,7 @@ class Restores:
             if ctx.step <= p["s"]:
                 keep.append(p)
                 continue
-            unread = [e for e in self.entries[: p["entries"]] if e["keys"] == p["keys"] and not e["used"]]
+            unread = [e for e in p["entries"] if e["keys"] == p["keys"] and not e["used"]]
             if unread:
                 e = unread[0]
                 ctx.add("restores", {"kind": "live", "where": p["where"], "loaded_at": p["loaded_at"], "s": p["s"],

@@ -110,7 +110,7 @@ def attach(ctx) -> None:
     save, load = torch.serialization.save, torch.serialization.load
     done: dict = {}
     loads = Loads(ctx)
-    restores = Restores(ctx)
+    restores = Restores(ctx, loads)
     wrap_state_dict(ctx, loads, restores.took)
     ctx.on_step_end(restores.step_end)
 
