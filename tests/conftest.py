@@ -75,7 +75,7 @@ def no_leftovers():
     yield
     deadline = time.time() + 3
     while True:
-        extra = (descendants(os.getpid()) - before - {server_pid()} - _kernel_pass_tree()
+        extra = (descendants(os.getpid()) - before - {server_pid()} - _background_tree()
                  - _browser_tree())
         if not extra or time.time() > deadline:
             break
@@ -264,9 +264,10 @@ class KernelPass:
             self.proc.wait()
 
 
-def _kernel_pass_tree() -> set[int]:
-    """The background notebook pass and everything it started: not a test's leftovers."""
-    return _tree([_kernel_pass.proc.pid] if _kernel_pass is not None else [])
+def _background_tree() -> set[int]:
+    """The background passes (the portable one, the notebook lane) and everything they started:
+    not a test's leftovers."""
+    return _tree([p.proc.pid for p in (_kernel_pass, _lane) if p is not None])
 
 
 def notebook_paths() -> list[str]:
@@ -280,10 +281,12 @@ def pytest_collection_modifyitems(session, config, items):
     """The tests that read scenario runs go after the notebooks (they reuse the notebooks'
     runs), the corpus-runs check and the portable-kernel check last (LAST); when the notebooks
     run in this session too, the portable pass starts now, in the background."""
-    global _kernel_pass
+    global _kernel_pass, _lane
     if os.environ.get("DDP_LAB_KERNEL_PASS") == "child":
         return
     notebooks = [i for i, it in enumerate(items) if it.nodeid.startswith("notebooks/")]
+    if notebooks and len(notebooks) < len(items) and os.environ.get(LANE_VAR) != "0":
+        _lane = _start_lane([items[i] for i in notebooks])
     if notebooks:
         before, after = items[:notebooks[-1] + 1], items[notebooks[-1] + 1:]
         readers = [it for it in before if it.nodeid.startswith(SHARED_RUN_READERS)]
@@ -297,6 +300,13 @@ def pytest_collection_modifyitems(session, config, items):
 
 def pytest_sessionfinish(session, exitstatus):
     budget = session.config.pluginmanager.get_plugin("suite_budget")
+    if _lane is not None:
+        if budget is not None:
+            budget.other_windows["lane"] = _lane.windows()
+            budget.apart["notebook lane (beside the tests, start to exit)"] = (
+                f"{time.time() - _lane.started:.0f} s at most; "
+                f"{len(_lane.records)} cells recorded")
+        _lane.stop()
     if _kernel_pass is not None:
         _kernel_pass.stop()
         if budget is not None and _kernel_pass.seconds is not None:
@@ -306,6 +316,33 @@ def pytest_sessionfinish(session, exitstatus):
         shared = sum(1 for _, _, kept in _SCENARIO_RUNS.values() if kept)
         budget.apart["scenario variants the tests read"] = (
             f"{len(_SCENARIO_RUNS)}: {shared} a notebook's run, {len(_SCENARIO_RUNS) - shared} launched here")
+
+
+# --- The notebooks' strict nbval pass beside the other tests (tests/notebook_lane.py) -----------
+LANE_VAR = "DDP_LAB_NOTEBOOK_LANE"  # "0": the notebooks run in this process, one after the other
+_lane = None
+
+
+def _start_lane(cells: list):
+    from notebook_lane import NotebookLane
+
+    env = dict(os.environ, DDP_LAB_KERNEL_PASS="child", **{run_log.ORIGIN_VAR: "lane"})
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "tests"), env.get("PYTHONPATH")]))
+    files = list(dict.fromkeys(str(c.path) for c in cells))
+    lane = NotebookLane(files, REPO, env)
+    for cell in cells:
+        lane.adopt(cell)
+    return lane
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A cell the lane ran reports the lane's seconds, not this process's wait for them."""
+    outcome = yield
+    lane = getattr(item, "lane", None)
+    if lane is not None:
+        report = outcome.get_result()
+        report.duration = lane.duration(item.nodeid, call.when) or 0.0
 
 
 @pytest.fixture

@@ -30,7 +30,8 @@ import time
 
 LOG_VAR = "DDP_LAB_SUITE_LOG"      # the launch log (a file)
 RUNS_VAR = "DDP_LAB_SUITE_RUNS"    # the folder of the notebooks' scenario runs
-ORIGIN_VAR = "DDP_LAB_SUITE_ORIGIN"  # set by the portable pass for its kernels: "portable"
+ORIGIN_VAR = "DDP_LAB_SUITE_ORIGIN"  # set for their kernels by the portable pass ("portable")
+# and by the notebook lane ("lane": its kernels keep runs as this session's own kernels do)
 HOOK = os.path.abspath(__file__)
 CORPUS = os.path.join(os.path.dirname(HOOK), "corpus") + os.sep
 
@@ -322,4 +323,4 @@ class Session:
 
 if __name__ == "ddp_lab_suite_hook":  # a kernel's start-up
     origin = os.environ.get(ORIGIN_VAR, "kernel")
-    install(origin, os.environ.get(RUNS_VAR) if origin == "kernel" else None)
+    install(origin, os.environ.get(RUNS_VAR) if origin in ("kernel", "lane") else None)

@@ -60,6 +60,9 @@ class Budget:
         self.seconds: Counter = Counter()  # nodeid -> setup + call + teardown
         self.outcomes: dict[str, str] = {}
         self.apart: dict[str, str] = {}  # rows shown after the table (the portable pass's)
+        # origin -> the (start, end, nodeid) of a child pytest's items: its kernels' launches
+        # belong to them (the notebook lane, tests/notebook_lane.py)
+        self.other_windows: dict[str, list[tuple[float, float, str]]] = {}
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_protocol(self, item, nextitem):
@@ -83,9 +86,10 @@ class Budget:
             return "portable pass"
         if launch["test"]:
             return launch["test"]
-        starts = [w[0] for w in self.windows]
+        windows = self.other_windows.get(launch["origin"], self.windows)
+        starts = [w[0] for w in windows]
         i = bisect.bisect_right(starts, launch["t"]) - 1
-        return self.windows[i][2] if i >= 0 and launch["t"] <= self.windows[i][1] + 1 else "(between tests)"
+        return windows[i][2] if i >= 0 and launch["t"] <= windows[i][1] + 1 else "(between tests)"
 
     def report(self) -> list[str]:
         launches = self.session.launches()
@@ -119,7 +123,7 @@ class Budget:
 
     def _launch_summary(self, launches: list[dict], owned: Counter) -> str:
         by_origin = Counter({"pytest": "tests (this process)", "kernel": "notebook kernels",
-                             "portable": "portable pass"}.get(x["origin"], x["origin"]) for x in launches)
+                             "lane": "notebook kernels (lane)", "portable": "portable pass"}.get(x["origin"], x["origin"]) for x in launches)
         labels = Counter(x["label"] for x in launches
                          if x["origin"] != "portable" and SCENARIO_LABEL.match(x["label"]))
         twice = sum(n - 1 for n in labels.values() if n > 1)

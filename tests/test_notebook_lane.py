@@ -1,0 +1,55 @@
+"""The notebook lane (tests/notebook_lane.py): a child pytest runs a notebook under strict nbval
+and each cell's result comes back to this session as the cell's own: passed, failed with nbval's
+report, skipped."""
+import os
+import shutil
+import tempfile
+
+import nbformat
+import pytest
+
+from conftest import REPO
+from notebook_lane import LaneFailure, NotebookLane
+
+
+def _notebook(path):
+    nb = nbformat.v4.new_notebook()
+    cells = [("print(6 * 7)", "42\n", []), ("print('as committed')", "not as committed\n", []),
+             ("print('skipped')", "never compared\n", ["nbval-skip"])]
+    for count, (source, text, tags) in enumerate(cells, 1):
+        cell = nbformat.v4.new_code_cell(source, metadata={"tags": tags}, execution_count=count)
+        cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text=text)]
+        nb.cells.append(cell)
+    nbformat.write(nb, path)
+
+
+@pytest.fixture
+def folder():
+    """Not tmp_path: pytest does not collect files under its own temporary folder."""
+    path = tempfile.mkdtemp(prefix="ddp-lab-lane-test-")
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_each_cell_comes_back_as_it_ended_in_the_lane(folder):
+    path = os.path.join(folder, "lane.ipynb")
+    _notebook(path)
+    env = dict(os.environ, DDP_LAB_KERNEL_PASS="child")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "tests"), env.get("PYTHONPATH")]))
+    lane = NotebookLane([path], REPO, env)
+    try:
+        assert lane.proc.wait(120) == 1, lane.output()[-3000:]  # one cell failed
+        ids = sorted(lane.windows(), key=lambda w: w[2])
+        assert [w[2].rsplit("::", 1)[1] for w in ids] == ["Cell 0", "Cell 1", "Cell 2"]
+        cell = {w[2].rsplit("::", 1)[1]: w[2] for w in ids}
+        lane.replay(cell["Cell 0"])  # passed: returns
+        with pytest.raises(LaneFailure, match="(?s)Cell outputs differ.*as committed"):
+            lane.replay(cell["Cell 1"])
+        with pytest.raises(pytest.skip.Exception):
+            lane.replay(cell["Cell 2"])
+        assert lane.duration(cell["Cell 0"], "call") > 0
+        with pytest.raises(LaneFailure, match="exited with status 1 before this cell ran"):
+            lane.replay(cell["Cell 0"] + "-never-collected")
+    finally:
+        lane.stop()
+    assert not os.path.exists(lane.records_path)
