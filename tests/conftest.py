@@ -130,6 +130,8 @@ def pytest_configure(config):
     """The launch log and the kernels' start-up file exist before anything launches (the
     portable pass's kernels inherit them); the budget's table prints at the end."""
     global _suite
+    if os.environ.get("DDP_LAB_KERNEL_PASS") == "child" and os.environ.get(run_log.ORIGIN_VAR) == "lane":
+        run_log.install("lane")  # the lane's own launches count too (its kernels' install themselves)
     if os.environ.get("DDP_LAB_KERNEL_PASS") == "child" or _suite is not None:
         return
     _suite = run_log.Session()
@@ -265,7 +267,7 @@ class KernelPass:
 
 
 def _background_tree() -> set[int]:
-    """The background passes (the portable one, the notebook lane) and everything they started:
+    """The background passes (the portable one, the lane) and everything they started:
     not a test's leftovers."""
     return _tree([p.proc.pid for p in (_kernel_pass, _lane) if p is not None])
 
@@ -285,8 +287,11 @@ def pytest_collection_modifyitems(session, config, items):
     if os.environ.get("DDP_LAB_KERNEL_PASS") == "child":
         return
     notebooks = [i for i, it in enumerate(items) if it.nodeid.startswith("notebooks/")]
-    if notebooks and len(notebooks) < len(items) and os.environ.get(LANE_VAR) != "0":
-        _lane = _start_lane([items[i] for i in notebooks])
+    lane_tests = [it for it in items if it.nodeid.startswith(LANE_TESTS)]
+    if notebooks and len(notebooks) + len(lane_tests) < len(items) and os.environ.get(LANE_VAR) != "0" \
+            and not config.option.keyword and not config.option.markexpr:
+        _lane = _start_lane(config, [items[i] for i in notebooks] + lane_tests)
+        items[:] = [it for it in items if it not in lane_tests] + lane_tests  # replayed at the end
     if notebooks:
         before, after = items[:notebooks[-1] + 1], items[notebooks[-1] + 1:]
         readers = [it for it in before if it.nodeid.startswith(SHARED_RUN_READERS)]
@@ -303,9 +308,8 @@ def pytest_sessionfinish(session, exitstatus):
     if _lane is not None:
         if budget is not None:
             budget.other_windows["lane"] = _lane.windows()
-            budget.apart["notebook lane (beside the tests, start to exit)"] = (
-                f"{time.time() - _lane.started:.0f} s at most; "
-                f"{len(_lane.records)} cells recorded")
+            budget.apart["the lane (notebooks, then LANE_TESTS; beside the rest)"] = (
+                f"{_lane.seconds():.0f} s start to exit, {len(_lane.records)} items")
         _lane.stop()
     if _kernel_pass is not None:
         _kernel_pass.stop()
@@ -318,31 +322,28 @@ def pytest_sessionfinish(session, exitstatus):
             f"{len(_SCENARIO_RUNS)}: {shared} a notebook's run, {len(_SCENARIO_RUNS) - shared} launched here")
 
 
-# --- The notebooks' strict nbval pass beside the other tests (tests/notebook_lane.py) -----------
-LANE_VAR = "DDP_LAB_NOTEBOOK_LANE"  # "0": the notebooks run in this process, one after the other
+# --- The notebooks' strict nbval pass, and tests that mostly wait, beside the rest ---------------
+# (tests/lane.py). One pytest process kept 1.2 of the 2 cores busy (docs/measured.md):
+# the lane runs the notebooks, then these files (their ranks hang on purpose, their torchrun
+# agents and CLI subprocesses start: waits, mostly), while this process runs the other tests
+# and, once the notebooks' runs are kept, the tests that read them.
+LANE_VAR = "DDP_LAB_LANE"  # "0": everything runs in this process, one test after the other
+LANE_TESTS = ("tests/launching/", "tests/doctor/watch/test_script_run.py",
+              "tests/doctor/watch/test_script_mode.py", "tests/test_cli.py")
 _lane = None
 
 
-def _start_lane(cells: list):
-    from notebook_lane import NotebookLane
+def _start_lane(config, items: list):
+    from lane import Lane, LaneReports
 
     env = dict(os.environ, DDP_LAB_KERNEL_PASS="child", **{run_log.ORIGIN_VAR: "lane"})
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "tests"), env.get("PYTHONPATH")]))
-    files = list(dict.fromkeys(str(c.path) for c in cells))
-    lane = NotebookLane(files, REPO, env)
-    for cell in cells:
-        lane.adopt(cell)
+    files = list(dict.fromkeys(str(it.path) for it in items))
+    lane = Lane(files, REPO, env)
+    for item in items:
+        lane.adopt(item)
+    config.pluginmanager.register(LaneReports(), "lane_reports")
     return lane
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item, call):
-    """A cell the lane ran reports the lane's seconds, not this process's wait for them."""
-    outcome = yield
-    lane = getattr(item, "lane", None)
-    if lane is not None:
-        report = outcome.get_result()
-        report.duration = lane.duration(item.nodeid, call.when) or 0.0
 
 
 @pytest.fixture

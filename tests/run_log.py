@@ -31,7 +31,7 @@ import time
 LOG_VAR = "DDP_LAB_SUITE_LOG"      # the launch log (a file)
 RUNS_VAR = "DDP_LAB_SUITE_RUNS"    # the folder of the notebooks' scenario runs
 ORIGIN_VAR = "DDP_LAB_SUITE_ORIGIN"  # set for their kernels by the portable pass ("portable")
-# and by the notebook lane ("lane": its kernels keep runs as this session's own kernels do)
+# and by the lane ("lane": its kernels keep runs as this session's own kernels do)
 HOOK = os.path.abspath(__file__)
 CORPUS = os.path.join(os.path.dirname(HOOK), "corpus") + os.sep
 

@@ -61,7 +61,7 @@ class Budget:
         self.outcomes: dict[str, str] = {}
         self.apart: dict[str, str] = {}  # rows shown after the table (the portable pass's)
         # origin -> the (start, end, nodeid) of a child pytest's items: its kernels' launches
-        # belong to them (the notebook lane, tests/notebook_lane.py)
+        # belong to them (the lane, tests/lane.py)
         self.other_windows: dict[str, list[tuple[float, float, str]]] = {}
 
     @pytest.hookimpl(hookwrapper=True)
@@ -123,7 +123,7 @@ class Budget:
 
     def _launch_summary(self, launches: list[dict], owned: Counter) -> str:
         by_origin = Counter({"pytest": "tests (this process)", "kernel": "notebook kernels",
-                             "lane": "notebook kernels (lane)", "portable": "portable pass"}.get(x["origin"], x["origin"]) for x in launches)
+                             "lane": "the lane (its notebooks' kernels, its tests)", "portable": "portable pass"}.get(x["origin"], x["origin"]) for x in launches)
         labels = Counter(x["label"] for x in launches
                          if x["origin"] != "portable" and SCENARIO_LABEL.match(x["label"]))
         twice = sum(n - 1 for n in labels.values() if n > 1)

@@ -3,7 +3,9 @@ stays quiet on its fixed one, each run under watch on 2 real ranks with the scri
 torch.compile settings (backend eager or aot_eager: inductor needs a C++ toolchain and minutes).
 
     recompiles-every-step      50 (a step counter stored on the module), 51 (float lr + scheduler),
-                               blind b42 (a counter forward increments: named where forward reads it)
+                               blind b42 (a counter forward increments: named where forward reads it),
+                               blind b66 (sizes that change every step under dynamic=False: named
+                               at that torch.compile call)
     ranks-compile-differently  ranks whose training forward compiles different graphs (a warning);
                                52 (the compiled DDP model evaluated on rank 0 only, under no_grad,
                                mid-run while rank 1 compiles nothing: a warning); the same
@@ -31,7 +33,8 @@ CASES = [("50_compile_int_attr_recompiles", "recompiles-every-step", "warning"),
          ("53_compile_fullgraph_backward_hook", "fullgraph-failed", "error"),
          ("54_compile_fullgraph_on_ddp", "fullgraph-failed", "error"),
          ("b41_compiled_clamp_branch", "graph-break", "warning"),
-         ("b42_compile_step_attr", "recompiles-every-step", "warning")]
+         ("b42_compile_step_attr", "recompiles-every-step", "warning"),
+         ("b66_compile_static_varlen_batches", "recompiles-every-step", "warning")]
 
 pytestmark = pytest.mark.slow
 
@@ -101,6 +104,15 @@ def test_a_counter_forward_increments_is_named_where_forward_reads_it():
                for e in f.evidence), f.evidence
 
 
+def test_sizes_compiled_anew_under_dynamic_false_are_named_at_that_compile_call():
+    f = findings(corpus("b66_compile_static_varlen_batches", "broken.py"), "recompiles-every-step")[0]
+    compiled = line_of("b66_compile_static_varlen_batches", "broken.py", "dynamic=False")
+    assert f.where == compiled
+    assert any(e.startswith(f"dynamic=False at {compiled}: ") and "make_set_enable_dynamic" in e
+               for e in f.evidence), f.evidence
+    assert f.fix.startswith("drop dynamic=False")
+
+
 def test_one_rank_compiling_its_evaluation_while_the_others_run_compiled_is_a_warning():
     """52: rank 0 alone evaluates under no_grad after training steps: rank 1 compiles nothing in
     that step and waits in the next all-reduce for rank 0's whole compile."""
@@ -141,6 +153,15 @@ def main():
 if __name__ == "__main__":
     main()
 """
+
+
+def test_sizes_compiled_anew_under_dynamic_false_are_named_at_that_compile_call():
+    f = findings(corpus("b66_compile_static_varlen_batches", "broken.py"), "recompiles-every-step")[0]
+    compiled = line_of("b66_compile_static_varlen_batches", "broken.py", "dynamic=False")
+    assert f.where == compiled
+    assert any(e.startswith(f"dynamic=False at {compiled}: ") and "make_set_enable_dynamic" in e
+               for e in f.evidence), f.evidence
+    assert f.fix.startswith("drop dynamic=False")
 
 
 def test_one_rank_compiling_its_evaluation_in_the_warm_up_is_a_note(tmp_path):

@@ -23,6 +23,9 @@ CASES = {  # case folder -> (code, severity, a unique substring of broken.py's f
     "23_shuffle_with_sampler": ("dataloader-refused", "error", "shuffle=True, sampler=sampler)"),
     "24_hand_shard_drops_tail": ("sample-on-no-rank", "warning",
                                  "shard = Subset(full, range(rank * per_rank, (rank + 1) * per_rank))"),
+    # blind: a sampler the script builds, seeded alike on every rank: named where it was built
+    "b61_weighted_sampler_every_rank": ("sample-on-several-ranks", "warning",
+                                        "sampler = WeightedRandomSampler(weights, num_samples="),
 }
 
 

@@ -1,6 +1,6 @@
-"""The notebook lane (tests/notebook_lane.py): a child pytest runs a notebook under strict nbval
-and each cell's result comes back to this session as the cell's own: passed, failed with nbval's
-report, skipped."""
+"""The lane (tests/lane.py): a child pytest runs a notebook under strict nbval, then a test file,
+and each item's result comes back to this session as the item's own: passed, failed with the
+child's report (nbval's for a cell), skipped."""
 import os
 import shutil
 import tempfile
@@ -9,7 +9,7 @@ import nbformat
 import pytest
 
 from conftest import REPO
-from notebook_lane import LaneFailure, NotebookLane
+from lane import Lane, LaneFailure
 
 
 def _notebook(path):
@@ -31,23 +31,30 @@ def folder():
     shutil.rmtree(path, ignore_errors=True)
 
 
-def test_each_cell_comes_back_as_it_ended_in_the_lane(folder):
+def test_each_item_comes_back_as_it_ended_in_the_lane(folder):
     path = os.path.join(folder, "lane.ipynb")
     _notebook(path)
+    tests = os.path.join(folder, "test_lane_tiny.py")
+    with open(tests, "w") as f:
+        f.write("def test_holds():\n    assert 6 * 7 == 42\n\n\ndef test_fails():\n    assert 6 * 7 == 41\n")
     env = dict(os.environ, DDP_LAB_KERNEL_PASS="child")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "tests"), env.get("PYTHONPATH")]))
-    lane = NotebookLane([path], REPO, env)
+    lane = Lane([path, tests], REPO, env)
     try:
-        assert lane.proc.wait(120) == 1, lane.output()[-3000:]  # one cell failed
-        ids = sorted(lane.windows(), key=lambda w: w[2])
-        assert [w[2].rsplit("::", 1)[1] for w in ids] == ["Cell 0", "Cell 1", "Cell 2"]
-        cell = {w[2].rsplit("::", 1)[1]: w[2] for w in ids}
+        assert lane.proc.wait(120) == 1, lane.output()[-3000:]  # a cell and a test failed
+        ids = [w[2] for w in lane.windows()]  # in the order they ran
+        assert [i.rsplit("::", 1)[1] for i in ids] == ["Cell 0", "Cell 1", "Cell 2", "test_holds",
+                                                       "test_fails"]
+        cell = {i.rsplit("::", 1)[1]: i for i in ids}
         lane.replay(cell["Cell 0"])  # passed: returns
         with pytest.raises(LaneFailure, match="(?s)Cell outputs differ.*as committed"):
             lane.replay(cell["Cell 1"])
         with pytest.raises(pytest.skip.Exception):
             lane.replay(cell["Cell 2"])
         assert lane.duration(cell["Cell 0"], "call") > 0
+        lane.replay(cell["test_holds"])
+        with pytest.raises(LaneFailure, match=r"assert \(6 \* 7\) == 41"):
+            lane.replay(cell["test_fails"])
         with pytest.raises(LaneFailure, match="exited with status 1 before this cell ran"):
             lane.replay(cell["Cell 0"] + "-never-collected")
     finally:

@@ -1,21 +1,22 @@
-"""The notebooks' strict nbval pass in a lane of its own, beside the rest of the suite.
+"""The lane: the notebooks' strict nbval pass, then the test files that mostly wait
+(conftest.LANE_TESTS), in a child pytest beside the rest of the suite.
 
 Measured on the 2-core machine (docs/measured.md, issue 46): one pytest process kept 1.2 cores
 busy on average, 1.06 while it ran the notebooks: a cell waits on its kernel, the kernel on its
-ranks, and most tests wait on ranks that hang on purpose or on a subprocess's imports. So when a
-session runs the notebooks and other tests, the notebooks run in a child pytest started as soon
-as collection ends (`NotebookLane`), with the same options (pyproject's: strict `--nbval`, the
-sanitizer, the current environment), while this process runs the tests before them. Each
-notebook cell stays an item of this session, in its place: its run waits for the child's record
-of that cell and replays it (passed, failed with nbval's own report, skipped, xfailed), so the
-per-cell results, `-k`, `--durations` (the child's seconds) and the budget's table read as if
-the cells had run here. The tests that read the notebooks' runs come after the cells, as before,
-so they read runs the lane's kernels kept (tests/run_log.py: the kernels inherit the session's
-folder; their launches are logged with origin "lane").
+ranks, and many tests wait on ranks that hang on purpose, on torchrun's agents or on a CLI
+subprocess's imports. So when a session runs the notebooks and other tests, a child pytest
+(`Lane`) starts as soon as collection ends with the same options (pyproject's: strict `--nbval`,
+the sanitizer, the current environment) and runs the notebooks, then LANE_TESTS, while this
+process runs the other tests. Each of the lane's items stays an item of this session: its run
+waits for the child's record of it and replays it (passed, failed with the child's own report,
+skipped, xfailed), so per-item results, `--durations` (the child's seconds) and the budget's
+table read as if it had run here. The tests that read the notebooks' runs come after the
+notebooks' cells, as before, so they read runs the lane's kernels kept (tests/run_log.py: the
+kernels inherit the session's folder); the lane's launches are logged with origin "lane".
 
-The child loads this file as a plugin (`-p notebook_lane`) and appends one JSON line per item
-to $DDP_LAB_LANE_RECORDS when the item is done: its phases' outcomes, seconds and reports, and
-its start and end (whose launches were whose, for the budget).
+The child loads this file as a plugin (`-p lane`) and appends one JSON line per item to
+$DDP_LAB_LANE_RECORDS when the item is done: its phases' outcomes, seconds and reports, and its
+start and end (whose launches were whose, for the budget).
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 import pytest
@@ -40,8 +42,11 @@ _phases: dict[str, dict] = {}
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    start = time.time()
+    import run_log
+
+    run_log.current_test, start = item.nodeid, time.time()  # the owner of the item's launches
     yield
+    run_log.current_test = ""
     record = {"nodeid": item.nodeid, "start": start, "end": time.time(),
               "phases": _phases.pop(item.nodeid, {})}
     with open(os.environ[RECORDS_VAR], "a") as f:  # one line, appended whole
@@ -68,8 +73,8 @@ class LaneFailure(Exception):
         self.text = text
 
 
-class NotebookLane:
-    def __init__(self, notebooks: list[str], repo, env: dict):
+class Lane:
+    def __init__(self, files: list[str], repo, env: dict):
         fd, self.records_path = tempfile.mkstemp(prefix="ddp-lab-lane-", suffix=".jsonl")
         os.close(fd)
         self.log = tempfile.TemporaryFile(mode="w+")
@@ -77,22 +82,32 @@ class NotebookLane:
         self._offset = 0
         self.started = time.time()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", "-p", "notebook_lane",
-             # the repository's options (strict nbval...) wherever the notebooks are
-             "-c", os.path.join(repo, "pyproject.toml"), "--rootdir", str(repo), *notebooks],
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", "-p", "lane",
+             # the repository's options (strict nbval...) wherever the files are
+             "-c", os.path.join(repo, "pyproject.toml"), "--rootdir", str(repo), *files],
             cwd=repo, env=dict(env, **{RECORDS_VAR: self.records_path}),
             stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=True)
+        self.ended = None
+        threading.Thread(target=self._ended, daemon=True).start()
+
+    def _ended(self) -> None:
+        self.proc.wait()
+        self.ended = time.time()
+
+    def seconds(self) -> float:
+        return (self.ended or time.time()) - self.started
 
     def adopt(self, item) -> None:
-        """Make the notebook cell `item` replay the lane's record of it, and its notebook start
-        no kernel here."""
-        item.parent.setup = item.parent.teardown = lambda: None
+        """Make `item` replay the lane's record of it: nothing of it runs here (no fixture, and
+        for a notebook's cell no kernel)."""
+        if hasattr(item.parent, "kernel"):  # nbval's notebook: it starts the kernel
+            item.parent.setup = item.parent.teardown = lambda: None
         item.setup = lambda: None
         item.runtest = lambda: self.replay(item.nodeid)
-        nbval_repr = item.repr_failure
-        item.repr_failure = lambda excinfo: (excinfo.value.text if isinstance(excinfo.value, LaneFailure)
-                                             else nbval_repr(excinfo))
+        own_repr = item.repr_failure
+        item.repr_failure = lambda excinfo, *a, **k: (
+            excinfo.value.text if isinstance(excinfo.value, LaneFailure) else own_repr(excinfo, *a, **k))
         item.lane = self
 
     def _read(self) -> None:
@@ -117,12 +132,12 @@ class NotebookLane:
                 self._read()
                 return self.records.get(nodeid)
             time.sleep(0.05)
-        raise LaneFailure(f"no record of {nodeid} from the notebook lane after {WAIT_LIMIT} s")
+        raise LaneFailure(f"no record of {nodeid} from the lane after {WAIT_LIMIT} s")
 
     def replay(self, nodeid: str) -> None:
         record = self.record(nodeid)
         if record is None:
-            raise LaneFailure(f"the notebook lane (a child pytest) exited with status "
+            raise LaneFailure(f"the lane (a child pytest) exited with status "
                               f"{self.proc.returncode} before this cell ran:\n{self.output()[-4000:]}")
         phases = record["phases"]
         failed = [f"[{when}] {p['text']}" for when, p in phases.items() if p["outcome"] == "failed"]
@@ -132,7 +147,7 @@ class NotebookLane:
         if done.get("wasxfail") is not None:
             pytest.xfail(done["wasxfail"])
         if done.get("outcome") == "skipped":
-            pytest.skip(done["text"] or "skipped in the notebook lane")
+            pytest.skip(done["text"] or "skipped in the lane")
 
     def duration(self, nodeid: str, when: str) -> float | None:
         phase = self.records.get(nodeid, {}).get("phases", {}).get(when)
@@ -154,3 +169,15 @@ class NotebookLane:
             os.unlink(self.records_path)
         except OSError:
             pass
+
+
+class LaneReports:
+    """A plugin of the session: an item the lane ran reports the lane's seconds, not this
+    process's wait for them (--durations, the budget's table)."""
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_makereport(self, item, call):
+        outcome = yield
+        lane = getattr(item, "lane", None)
+        if lane is not None:
+            outcome.get_result().duration = lane.duration(item.nodeid, call.when) or 0.0
