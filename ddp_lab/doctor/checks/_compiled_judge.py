@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 
 from ..userline import short_paths
+from ._compiled_static import static_sizes
 from .api import Finding
 
 LESSON = "15"
@@ -102,6 +103,10 @@ def _recompiles(ev) -> list[Finding]:
                             f"replays that store after the graph) and reads it into the graph at "
                             f"{', '.join(own['loads'][:3])}: each call's value is the next call's "
                             "failed guard")
+        static = static_sizes(ev, g)
+        if static:
+            where = static[0]
+            ev_lines.append(static[1])
         ev_lines.append("past torch._dynamo.config.recompile_limit (8, torch/_dynamo/config.py:121) "
                         "dynamo stops compiling the function and runs it eagerly")
         what = ("an input's size changes between steps and each size is compiled anew"
@@ -111,6 +116,7 @@ def _recompiles(ev) -> list[Finding]:
                "(torch._dynamo.mark_dynamic(x, dim))" if g["shape"] else
                "keep what changes every step in a tensor (a buffer updated in place with .fill_(), "
                "or a tensor argument, e.g. lr=torch.tensor(0.01)), not in a Python int or float")
+        fix = static[2] if static else fix
         found.append(Finding("warning", "recompiles-every-step", LESSON,
                              f"torch.compile recompiles {fn} every step: {what}", ev_lines, fix,
                              where=where))

@@ -140,6 +140,10 @@ FIXES = {
     "none": "give the DataLoader a DistributedSampler(dataset) (each rank a disjoint share of one "
             "permutation) and call sampler.set_epoch(epoch) each epoch; DataLoader(shuffle=True) "
             "alone draws the whole dataset on every rank",
+    "own": "shard this sampler's draws by rank (a DistributedSampler; for weights, each rank "
+           "taking its share of one draw), or at least give it a generator seeded per rank "
+           "(generator=torch.Generator().manual_seed(seed + rank)): seeded alike, every rank "
+           "draws alike",
     "seed": "pass DistributedSampler the same seed on every rank: each rank takes its share of one "
             "permutation seeded with seed + epoch (torch/utils/data/distributed.py:111, 134); keep "
             "per-rank seeds for augmentation",
@@ -160,9 +164,10 @@ def _causes(reps, ranks, eps) -> tuple[list[str], str, str]:
         return ["each rank builds its own Subset of the dataset (a shard per rank): their union "
                 "is what the ranks can train on"], outer[0]["line"], FIXES["shards"]
     if not any(s["distributed"] for s in samp):
+        own = samp[0]["line"] not in ("", loaders[0]["line"])  # the script built it, not DataLoader
         return [f"the sampler is {samp[0]['type']} on every rank, which knows nothing of the ranks: "
                 f"each rank draws from the whole dataset ({samp[0]['len']} samples per epoch)"], \
-            loaders[0]["line"], FIXES["none"]
+            samp[0]["line"] if own else loaders[0]["line"], FIXES["own" if own else "none"]
     why, kind = [], ""
     values = {"seed": [s.get("seed") for s in samp], "epoch": [e["sampler_epoch"] for e in eps],
               "num_replicas": [s.get("num_replicas") for s in samp],

@@ -1,4 +1,4 @@
-"""The samples check's wrappers on each rank (samples.py): DataLoader's, DistributedSampler's and
+"""The samples check's wrappers on each rank (samples.py): DataLoader's, the samplers' and
 Subset's __init__ (the user's line each was built at; DataLoader's refusal), and
 torch.distributed's reducing and gathering functions (counted: the ranks' results combined)."""
 from __future__ import annotations

@@ -53,7 +53,8 @@ HEAD = 64  # the first indices of each epoch, in order: an epoch that replays an
 
 def attach(ctx) -> None:
     import torch
-    from torch.utils.data import DataLoader, Subset, dataloader
+    from torch.utils.data import (DataLoader, RandomSampler, Subset, SubsetRandomSampler,
+                                  WeightedRandomSampler, dataloader)
     from torch.utils.data.distributed import DistributedSampler
 
     base = dataloader._BaseDataLoaderIter
@@ -62,7 +63,8 @@ def attach(ctx) -> None:
     base._ddp_lab_samples = True
     rec = _Recorder(ctx)
     wrap_init(DataLoader, ctx, rec.loader_made, refused=rec.refused)
-    wrap_init(DistributedSampler, ctx, mark_line)
+    for sampler in (DistributedSampler, RandomSampler, WeightedRandomSampler, SubsetRandomSampler):
+        wrap_init(sampler, ctx, mark_line)  # the line a sampler was built at (DataLoader's own: its line)
     wrap_init(Subset, ctx, mark_line)
     init, reset, next_index, next_ = base.__init__, base._reset, base._next_index, base.__next__
 
