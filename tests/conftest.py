@@ -289,16 +289,18 @@ def pytest_collection_modifyitems(session, config, items):
     notebooks = [i for i, it in enumerate(items) if it.nodeid.startswith("notebooks/")]
     lane_tests = [it for it in items if it.nodeid.startswith(LANE_TESTS)]
     if notebooks and len(notebooks) + len(lane_tests) < len(items) and os.environ.get(LANE_VAR) != "0" \
-            and not config.option.keyword and not config.option.markexpr:
+            and not config.option.keyword and not config.option.markexpr and not config.option.collectonly:
         _lane = _start_lane(config, [items[i] for i in notebooks] + lane_tests)
-        items[:] = [it for it in items if it not in lane_tests] + lane_tests  # replayed at the end
+    else:
+        lane_tests = []
     if notebooks:
         before, after = items[:notebooks[-1] + 1], items[notebooks[-1] + 1:]
         readers = [it for it in before if it.nodeid.startswith(SHARED_RUN_READERS)]
         items[:] = [it for it in before if not it.nodeid.startswith(SHARED_RUN_READERS)] + readers + after
     last = sorted((it for it in items if it.nodeid.endswith(LAST)),
                   key=lambda it: [it.nodeid.endswith(t) for t in LAST].index(True))
-    items[:] = [it for it in items if not it.nodeid.endswith(LAST)] + last
+    moved = {id(it) for it in last + lane_tests}  # the lane's tests replayed after the readers
+    items[:] = [it for it in items if id(it) not in moved] + lane_tests + last
     if notebooks and any(it.nodeid.endswith(_KERNEL_PASS_TEST) for it in last):
         _kernel_pass = KernelPass(notebook_paths())
 
@@ -308,7 +310,7 @@ def pytest_sessionfinish(session, exitstatus):
     if _lane is not None:
         if budget is not None:
             budget.other_windows["lane"] = _lane.windows()
-            budget.apart["the lane (notebooks, then LANE_TESTS; beside the rest)"] = (
+            budget.apart[f"the lane (the notebooks, then {', '.join(LANE_TESTS)}; beside the rest)"] = (
                 f"{_lane.seconds():.0f} s start to exit, {len(_lane.records)} items")
         _lane.stop()
     if _kernel_pass is not None:
@@ -323,13 +325,12 @@ def pytest_sessionfinish(session, exitstatus):
 
 
 # --- The notebooks' strict nbval pass, and tests that mostly wait, beside the rest ---------------
-# (tests/lane.py). One pytest process kept 1.2 of the 2 cores busy (docs/measured.md):
-# the lane runs the notebooks, then these files (their ranks hang on purpose, their torchrun
-# agents and CLI subprocesses start: waits, mostly), while this process runs the other tests
-# and, once the notebooks' runs are kept, the tests that read them.
+# (tests/lane.py). One pytest process kept 1.2 of the 2 cores busy (docs/measured.md): the
+# lane runs the notebooks, then these files (ranks that hang on purpose, launches waited out:
+# 0.5-0.6 cores busy alone), while this process runs the other tests, then the tests that read
+# the notebooks' runs; the lane's tests are replayed after those.
 LANE_VAR = "DDP_LAB_LANE"  # "0": everything runs in this process, one test after the other
-LANE_TESTS = ("tests/launching/", "tests/doctor/watch/test_script_run.py",
-              "tests/doctor/watch/test_script_mode.py", "tests/test_cli.py")
+LANE_TESTS = ("tests/launching/", "tests/doctor/watch/test_script_run.py")
 _lane = None
 
 

@@ -3,8 +3,7 @@
 
 Measured on the 2-core machine (docs/measured.md, issue 46): one pytest process kept 1.2 cores
 busy on average, 1.06 while it ran the notebooks: a cell waits on its kernel, the kernel on its
-ranks, and many tests wait on ranks that hang on purpose, on torchrun's agents or on a CLI
-subprocess's imports. So when a session runs the notebooks and other tests, a child pytest
+ranks, and many tests wait on ranks that hang on purpose. So when a session runs the notebooks and other tests, a child pytest
 (`Lane`) starts as soon as collection ends with the same options (pyproject's: strict `--nbval`,
 the sanitizer, the current environment) and runs the notebooks, then LANE_TESTS, while this
 process runs the other tests. Each of the lane's items stays an item of this session: its run
