@@ -1,6 +1,8 @@
 """The state check's judge (state.py hashes on the ranks): the first step at which a parameter
 or a buffer differs between ranks, and the user's line: an edit made on some ranks only, a
-change after the wrap (wrapped.py's record), the line that wrote a buffer."""
+change after the wrap (wrapped.py's record), a backward DDP did not reduce, hyperparameters that
+part, a norm of unreduced gradients, an edit every rank makes outside the optimizer; the line
+that wrote a buffer."""
 from __future__ import annotations
 
 from .api import MODEL_CHANGES as CHANGES, Finding  # what checks/wrapped.py records
@@ -88,6 +90,19 @@ def _uneven_edit(ev, kind, differ, step):
         if best is None or score > best[0]:
             best = (score, line, e, [r for r, c in enumerate(counts) if c])
     return best[1:] if best else None
+
+
+def _edit_on_every_rank(ev, differ, step):
+    """The user's line that edited these parameters outside the optimizer on every rank, first at
+    or before `step`: what it writes is each rank's own unless it is computed from what every
+    rank holds (e.g. codes reset from the rank's own batch). (line, entry) or None."""
+    per_rank = [{e["line"]: e for e in r.get("state-edits", []) if e["kind"] == "parameter"}
+                for r in ev.ranks]
+    lines = [line for line in per_rank[0] if all(line in p for p in per_rank[1:])]
+    hits = [per_rank[0][line] for line in lines
+            if per_rank[0][line]["step"] <= step and set(per_rank[0][line]["names"]) & set(differ)]
+    first = min(hits, key=lambda e: e["step"], default=None)
+    return (first["line"], first) if first else None
 
 
 _UNSYNCED_WHY = ("the last backward of step {step} ({line}) was not all-reduced: {why}; what it "
@@ -199,7 +214,19 @@ def _parameters(ev, step, differ, states) -> Finding:
                         "updates differ after it")
         fix = ("take the norm from the synchronised gradients (after their all_reduce), or clip with "
                "clip_grad_norm_ after it: every rank must scale its gradients by the same factor")
+    elif (alike := _edit_on_every_rank(ev, differ, step)) is not None:
+        where, e = alike
+        ev_lines.append(f"every rank writes {', '.join(e['names'][:4])} outside the optimizer at "
+                        f"{where} (from step {e['step']}), and they differ after it: unless what "
+                        "that line writes is the same on every rank, nothing makes them agree again")
+        fix = ("compute what that line writes from values every rank holds (all_reduce or "
+               "broadcast them first), or broadcast the parameter from one rank after the write")
     if any(n.endswith("(in no wrapped model)") for n in differ):
+        built = {n: line for r in ev.ranks[:1] for rec in r.get("state-built", []) for n, line in rec.items()}
+        made = next((built[n] for n in differ if n in built), "")
+        where = where or made
+        if made:
+            ev_lines.append(f"the module holding them was built at {made} and never wrapped")
         ev_lines.append("the optimizer steps parameters that no DDP(...) or fully_shard'ed module holds: "
                         "nothing reduces their gradients")
         fix = "wrap the whole model (fully_shard the root too, or DDP around every trained module)"

@@ -128,6 +128,8 @@ RANK_KEYS = {
                           "collective's output list shares memory between entries",
     "state": "state: {step, parameter: {name: digest}, buffer: {...}, sharded} per hashed step",
     "state-edits": "state: edits of parameters or buffers outside the optimizer, per line",
+    "state-built": "state: {name: line} where the script built the module of a parameter that an "
+                   "optimizer steps and no wrapped model holds",
     "state-models": "state: {kind, line, sync_buffers} per wrapped model",
     "state-cost": "state: {steps_hashed, seconds}",
     "state-start": "state: {step, parameter: {name: digest}}: parameters no wrapped model holds, "

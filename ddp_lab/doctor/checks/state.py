@@ -26,6 +26,7 @@ from ..frames import first_of
 from . import _state_modes as modes
 from ._state_judge import judge as _judge_state
 from ._state_backward import Backwards, GradientReads
+from ._state_outside import built_lines
 from ._state_rank import Rank, comparable, is_sharded
 from .api import Check, digest, in_place_functions, written_by
 
@@ -34,6 +35,7 @@ FIRST, EVERY = 5, 10  # hash steps 0-4, then every 10th: a model's full hash is 
 
 
 IN_NO_MODEL = "(in no wrapped model)"  # a wrapped model exists: nothing reduces its gradients
+BUILT = "state-built"  # {name: the line that built its module}, for IN_NO_MODEL parameters
 NO_WRAPPER = "(no wrapper)"  # no wrapped model: compared where the ranks started equal
 
 
@@ -57,8 +59,13 @@ def outside(ctx, models, optimizers, labels: dict) -> dict:
     if any(id(p) not in labels for _, p in found):
         names = _script_names(ctx)
         suffix = IN_NO_MODEL if models else NO_WRAPPER
-        for fallback, p in found:
-            labels.setdefault(id(p), (f"{names.get(id(p), fallback)} {suffix}", p))
+        new = [(fallback, p) for fallback, p in found if id(p) not in labels]
+        for fallback, p in new:
+            labels[id(p)] = (f"{names.get(id(p), fallback)} {suffix}", p)
+        if models:  # a module left out of the wrapper: where the script built it
+            built = built_lines(ctx, sys._getframe(1), {id(p) for _, p in new})
+            if built:
+                ctx.add(BUILT, {labels[i][0]: line for i, line in built.items()})
     return {labels[id(p)][0]: p for _, p in found}
 
 

@@ -417,3 +417,24 @@ def test_the_sync_flag_set_after_the_forward_is_named(tmp_path, before, after, c
         return
     assert hits and hits[0].where == f"train.py:{line_of(path, FLAG)}: {FLAG}"
     assert any("set True only after it" in e for e in hits[0].evidence)
+
+
+def test_an_edit_every_rank_makes_outside_the_optimizer_is_named():
+    """Blind b60: every rank resets dead codebook entries from its own batch (`.data[...] =`):
+    the same line on every rank, so not an uneven edit; the parameters part after it."""
+    path = os.path.join(CORPUS, "b60_vq_dead_code_local_reset", "broken.py")
+    fault = "quantizer.codebook.data[dead] = z[pick]"
+    [f] = [f for f in run(path).findings if f.code == "parameters-differ-after-step"]
+    assert f.where == f"broken.py:{line_of(path, fault)}: {fault}"
+    assert any(e.startswith("every rank writes ") and "outside the optimizer at broken.py:" in e
+               for e in f.evidence), f.evidence
+
+
+def test_a_module_no_wrapper_holds_is_named_where_the_script_built_it():
+    """Blind b55: a loss with learnable weights stepped by the optimizer beside the DDP model,
+    never wrapped: nothing reduces its gradients; the line is the statement that made it."""
+    path = os.path.join(CORPUS, "b55_margin_head_outside_ddp", "broken.py")
+    fault = "criterion = CosFaceLoss(8, 4)"
+    [f] = [f for f in run(path).findings if f.code == "parameters-differ-after-step"]
+    assert f.where == f"broken.py:{line_of(path, fault)}: {fault}"
+    assert f"the module holding them was built at {f.where} and never wrapped" in f.evidence
