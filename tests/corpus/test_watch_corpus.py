@@ -88,10 +88,6 @@ def test_most_cases_written_beside_a_check_are_caught_with_the_line_at_fault():
         f"{sorted(set(BESIDE) - set(named))} miss it")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "issue 43's bar, not met since the third held-out set (b60-b67, scored at 6dbb837 before any "
-    "check changed: 4 of 8 caught, 0 with the line): 39 of 44 blind cases caught (89 %), 32 with "
-    "the line (73 %)"))
 def test_most_blind_cases_are_caught_with_the_line_at_fault():
     caught, named = _shares(BLIND)
     assert len(caught) >= CAUGHT_SHARE * len(BLIND), f"caught {len(caught)} of {len(BLIND)}"

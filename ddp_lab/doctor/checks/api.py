@@ -127,6 +127,8 @@ RANK_KEYS = {
     "collective-aliases": "collectives: {op, line, step, pairs, n, made} per line whose "
                           "collective's output list shares memory between entries",
     "state": "state: {step, parameter: {name: digest}, buffer: {...}, sharded} per hashed step",
+    "collective-discarded": "collectives: {op, line, step} per line whose in-place collective "
+                            "wrote into a copy nothing kept",
     "state-edits": "state: edits of parameters or buffers outside the optimizer, per line",
     "state-built": "state: {name: line} where the script built the module of a parameter that an "
                    "optimizer steps and no wrapped model holds",

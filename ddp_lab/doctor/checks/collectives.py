@@ -25,6 +25,7 @@ import threading
 
 from ..frames import in_package
 from . import _collectives_alias as alias
+from ._collectives_copy import Copies, judge_discarded
 from ._collectives_judge import KEY, judge as judge_order
 from ._collectives_undefined import OUTPUT, Undefined
 from ._collectives_uses import Uses
@@ -98,7 +99,7 @@ def attach(ctx):
 
     guarded = ctx.guard(record)
     kept = ctx.records.setdefault(KEY, [])
-    undefined, uses = Undefined(ctx), Uses(ctx)
+    undefined, uses, copies = Undefined(ctx), Uses(ctx), Copies(ctx)
     aliased_lines: set = set()  # the lines whose output lists were judged aliased
     ctx.on_finish(undefined.unpatch)
     names = {}
@@ -114,6 +115,7 @@ def attach(ctx):
         line, grad = ctx.user_line(own), None
         if op in alias.LISTS:
             alias.record(ctx, op, bound, line, own, aliased_lines)
+        copies.given(op, bound, line, own)
         if bound.get("group") in (None, getattr(c10d.GroupMember, "WORLD", None)):
             bound["group"] = None  # the default group: ranks are global ranks
             if op in ("broadcast", "broadcast_object_list"):
@@ -177,7 +179,7 @@ def attach(ctx):
 # result is used for); the loop read from the source: _collectives_loop.py, _collectives_chosen.py
 
 def judge(ev):
-    return judge_order(ev) + judge_uses(ev) + alias.judge_aliases(ev)
+    return judge_order(ev) + judge_uses(ev) + alias.judge_aliases(ev) + judge_discarded(ev)
 
 
 CHECK = Check(
@@ -187,15 +189,18 @@ CHECK = Check(
               "collective's result read only where and when it is defined (after wait(); a "
               "reduce's on its destination); a broadcast never drops values each rank computed "
               "from its own data; gradients DDP averaged are not all_reduced again; a collective's "
-              "output list (all_gather's, all_to_all's, gather's) holds no memory twice",
+              "output list (all_gather's, all_to_all's, gather's) holds no memory twice; an in-place "
+              "collective's result lands in a tensor something keeps",
     lesson="13",
     codes={"collectives-differ-between-ranks": "error", "hang": "error",
            "read-while-undefined": "error", "broadcast-drops-rank-values": "warning",
-           "gradients-reduced-again": "error", "collective-outputs-alias": "error"},
+           "gradients-reduced-again": "error", "collective-outputs-alias": "error",
+           "collective-output-discarded": "error"},
     attach=attach, judge=judge, tools=("watch",),
     tests=("tests/doctor/checks/test_collectives.py",
            "tests/doctor/checks/test_collectives_uses.py",
-           "tests/doctor/checks/test_collectives_alias.py"),
+           "tests/doctor/checks/test_collectives_alias.py",
+           "tests/doctor/checks/test_collectives_copy.py"),
     notes=("an output list is judged on the script's own all_gather / all_to_all / gather: two "
            "entries of one storage alias when they are one view or both contiguous with "
            "overlapping bytes (interleaved strided views are not judged); named where the list "
