@@ -301,7 +301,8 @@ def pytest_collection_modifyitems(session, config, items):
                   key=lambda it: [it.nodeid.endswith(t) for t in LAST].index(True))
     moved = {id(it) for it in last + lane_tests}  # the lane's tests replayed after the readers
     items[:] = [it for it in items if id(it) not in moved] + lane_tests + last
-    if notebooks and any(it.nodeid.endswith(_KERNEL_PASS_TEST) for it in last):
+    if notebooks and any(it.nodeid.endswith(_KERNEL_PASS_TEST) for it in last) \
+            and not config.option.collectonly:
         _kernel_pass = KernelPass(notebook_paths())
 
 
