@@ -20,6 +20,7 @@ from __future__ import annotations
 import ast
 import types
 import weakref
+from functools import lru_cache
 
 from ..userline import source_tree
 from .api import Finding
@@ -28,13 +29,15 @@ KEY = "collective-discarded"
 IN_PLACE = ("all_reduce", "broadcast", "reduce")
 
 
-def _argument(frame, op: str):
-    """The call's tensor argument as written (an ast node), from the statement at the frame's line."""
-    tree = source_tree(frame.f_code.co_filename)
+@lru_cache(maxsize=256)
+def _argument(path: str, lineno: int, op: str):
+    """The call's tensor argument as written (an ast node), from the statement at `lineno`: read
+    once per call site (a per-parameter loop calls it every step)."""
+    tree = source_tree(path)
     if tree is None:
         return None
     for n in ast.walk(tree):
-        if (isinstance(n, ast.Call) and n.lineno <= frame.f_lineno <= (n.end_lineno or n.lineno)
+        if (isinstance(n, ast.Call) and n.lineno <= lineno <= (n.end_lineno or n.lineno)
                 and getattr(n.func, "attr", getattr(n.func, "id", None)) == op):
             return n.args[0] if n.args else next((k.value for k in n.keywords if k.arg == "tensor"), None)
     return None
@@ -66,7 +69,8 @@ class Copies:
 
         t = bound.get("tensor")
         if op not in IN_PLACE or line in self.seen or not isinstance(t, torch.Tensor) \
-                or t._base is not None or not _a_copy(frame, _argument(frame, op)):
+                or t._base is not None \
+                or not _a_copy(frame, _argument(frame.f_code.co_filename, frame.f_lineno, op)):
             return
         self.followed.append((weakref.ref(t), op, line, self.ctx.step))
 
