@@ -112,13 +112,18 @@ def record(ctx, op, bound, line, frame, seen):
                   "made": describe(frame.f_code.co_filename, made) if made else ""})
 
 
-def judge_aliases(ev) -> list:
+def per_line(ev, key: str) -> dict:
+    """{line: {rank: record}} of the ranks' records under `key` (one record per line a rank)."""
     by_line: dict = {}
     for r, rec in enumerate(ev.ranks):
-        for e in rec.get(KEY, []):
+        for e in rec.get(key, []):
             by_line.setdefault(e["line"], {})[r] = e
+    return by_line
+
+
+def judge_aliases(ev) -> list:
     out = []
-    for line, per_rank in by_line.items():
+    for line, per_rank in per_line(ev, KEY).items():
         e = per_rank[min(per_rank)]
         groups: dict = {}
         for i, j in e["pairs"]:

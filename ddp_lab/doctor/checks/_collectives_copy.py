@@ -23,6 +23,7 @@ import weakref
 from functools import lru_cache
 
 from ..userline import source_tree
+from ._collectives_alias import per_line
 from .api import Finding
 
 KEY = "collective-discarded"
@@ -83,12 +84,8 @@ class Copies:
 
 
 def judge_discarded(ev) -> list:
-    by_line: dict = {}
-    for r, rec in enumerate(ev.ranks):
-        for e in rec.get(KEY, []):
-            by_line.setdefault(e["line"], {})[r] = e
     out = []
-    for line, per_rank in by_line.items():
+    for line, per_rank in per_line(ev, KEY).items():
         e = per_rank[min(per_rank)]
         out.append(Finding(
             "error", "collective-output-discarded", "13",

@@ -155,15 +155,6 @@ if __name__ == "__main__":
 """
 
 
-def test_sizes_compiled_anew_under_dynamic_false_are_named_at_that_compile_call():
-    f = findings(corpus("b66_compile_static_varlen_batches", "broken.py"), "recompiles-every-step")[0]
-    compiled = line_of("b66_compile_static_varlen_batches", "broken.py", "dynamic=False")
-    assert f.where == compiled
-    assert any(e.startswith(f"dynamic=False at {compiled}: ") and "make_set_enable_dynamic" in e
-               for e in f.evidence), f.evidence
-    assert f.fix.startswith("drop dynamic=False")
-
-
 def test_one_rank_compiling_its_evaluation_in_the_warm_up_is_a_note(tmp_path):
     """nanoGPT's shape: rank 0 alone evaluates at iteration 0, before its first training step,
     in the step in which every rank compiles its training graph: the graphs only rank 0
