@@ -72,6 +72,16 @@ class Case:
         check = registry().get(self.check)
         return list(check.codes) if check else []
 
+    def second_defect(self, finding) -> bool:
+        """Whether `finding` (on fixed.py) is the one case.toml's [second_defect] declares: a
+        defect the author's fixed script keeps besides the one the case is about (`code`, at
+        `where`, the start of the finding's place, e.g. "fixed.py:53:"; `test`, the test that
+        shows the defect real on real ranks; `why`). Not a false alarm: watch is right to warn.
+        The case stays as written."""
+        declared = self.spec.get("second_defect")
+        return bool(declared) and finding.code == declared["code"] and \
+            finding.where.startswith(declared["where"])
+
     def fault_line(self) -> int:
         """The line number of broken.py holding `fault` (exactly one line must)."""
         with open(os.path.join(self.folder, "broken.py")) as f:
@@ -88,6 +98,9 @@ class Score:
     caught: bool
     named: bool
     false_alarms: list = field(default_factory=list)  # "code: title" of the fixed version's
+    # loud findings on the fixed version that case.toml's [second_defect] declares: a true
+    # finding of another defect its author's fixed script keeps, shown real by a test of its own
+    second: list = field(default_factory=list)
     seen: list = field(default_factory=list)  # the broken version's loud findings, "code where"
 
 
@@ -114,9 +127,11 @@ def score(case: Case) -> Score:
     hits = [f for f in broken if f.code in codes and f.severity in LOUD]
     line = case.fault_line()
     named = any(f.where.startswith(f"broken.py:{line}:") for f in hits)
-    return Score(case, bool(hits), named,
-                 [f"{f.code}: {f.title}" for f in fixed if f.severity in LOUD],
-                 [f"{f.severity} {f.code} {f.where}" for f in broken if f.severity in LOUD])
+    loud = [f for f in fixed if f.severity in LOUD]
+    kept = [f for f in loud if not case.second_defect(f)]
+    return Score(case, bool(hits), named, [f"{f.code}: {f.title}" for f in kept],
+                 [f"{f.severity} {f.code} {f.where}" for f in broken if f.severity in LOUD],
+                 [f"{f.code} at {f.where}" for f in loud if case.second_defect(f)])
 
 
 def run_doctor(case: Case, variant: str) -> list:
@@ -234,7 +249,10 @@ def tables(scores: list[Score]) -> str:
                          (False, "beside (each written with the check meant for it)")):
         group = [s for s in scores if s.case.blind == blind]
         if group:
-            out += [f"{title}:", table(group), ""]
+            out += [f"{title}:", table(group)]
+            out += [f"{s.case.name}: fixed.py keeps a second defect, found (not a false alarm): "
+                    f"{'; '.join(s.second)}" for s in group if s.second]
+            out.append("")
     out.append(reference_table(scores))
     return "\n".join(out).rstrip()
 
@@ -338,6 +356,8 @@ def main(argv=None) -> int:
         scores.append(s)
         verdict = ("caught" if s.caught else "MISSED") + (", line named" if s.named else "")
         alarms = f"; fixed: {'; '.join(s.false_alarms)}" if s.false_alarms else ""
+        alarms += (f"; fixed: a second defect its author kept, found: {'; '.join(s.second)}"
+                   if s.second else "")
         print(f"{case.name}: {verdict}{alarms}", flush=True)
         if not s.caught or not s.named:
             print("   broken gave: " + ("; ".join(s.seen) or "nothing loud"), flush=True)

@@ -4,7 +4,9 @@ scripts, each pair modelled on a public report it cites), scored by tools/corpus
 finding; each broken one caught at error or warning level by the check meant for its mechanism
 (`check`, or `mechanism` for a case written beside its check). A case watch is known to miss
 says so in case.toml (`missed = "why"`), a fixed script it is known to wrong says so
-(`false_alarm = "why"`): each such test fails the day it is right, so the note goes.
+(`false_alarm = "why"`): each such test fails the day it is right, so the note goes. A fixed script
+that keeps a second, real defect says so (`[second_defect]`: its code, where, and the test that
+shows it on real ranks): watch's finding there is not a false alarm, and must stay found.
 
 Two kinds of case are scored apart (../shared/CORPUS.md): the blind ones (`blind = true`,
 written by authors who never read the checks, scored before any check changed and never edited
@@ -72,6 +74,21 @@ def test_broken_is_caught(name):
 @pytest.mark.parametrize("name", [pytest.param(n, marks=_marks(n, "false_alarm")) for n in sorted(CASES)])
 def test_fixed_has_no_error_or_warning(name):
     assert not scored(name).false_alarms, f"{name}: the fixed script has {scored(name).false_alarms}"
+
+
+SECOND = sorted(n for n, c in CASES.items() if c.spec.get("second_defect"))
+
+
+@pytest.mark.parametrize("name", SECOND)
+def test_a_declared_second_defect_of_a_fixed_script_is_found_and_shown_real(name):
+    """A fixed script that keeps another defect (case.toml's [second_defect]): watch names it
+    there, and the test the table cites shows the defect on real ranks."""
+    declared = CASES[name].spec["second_defect"]
+    assert scored(name).second, f"{name}: watch no longer finds {declared['code']} at {declared['where']}"
+    path, _, test = declared["test"].partition("::")
+    root = os.path.dirname(os.path.dirname(HERE))
+    with open(os.path.join(root, path), encoding="utf-8") as f:
+        assert f"def {test}(" in f.read(), f"{name}: {declared['test']} does not exist"
 
 
 def _shares(names):

@@ -6,7 +6,10 @@ the reason, when no_sync() holds the backward but not the forward (DDP synchroni
 same); quiet on b56's fixed script (no_sync for all but the last micro-batch), with nanoGPT's
 `require_backward_grad_sync = last` set before the forward, when each backward has its own
 optimizer step, for two losses through one backward, when the gradients are set to None between
-two backwards, with a comm hook of the user's, and under static_graph=True."""
+two backwards, with a comm hook of the user's, and under static_graph=True. And the mechanism
+itself, without watch: DDP's reducer counted (a comm hook) all-reducing a backward run under
+no_sync() whose forward ran outside it (b51's fixed script keeps that defect: case.toml's
+[second_defect])."""
 import os
 import textwrap
 
@@ -20,6 +23,48 @@ CASE = os.path.join(ROOT, "tests", "corpus", "watch", "b56_accum_syncs_every_mic
 CODE = "accumulation-syncs-every-micro-batch"
 
 pytestmark = pytest.mark.slow
+
+
+def _buckets_reduced(forward_inside: bool) -> list[int]:
+    """On a rank: the buckets DDP's reducer all-reduced in each of 4 micro-batches, the first 3
+    under no_sync() (with the forward inside it, or only the backward), the last synchronised."""
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.manual_seed(0)
+    model, calls = DDP(nn.Linear(4, 1)), [0]
+
+    def counted(state, bucket):  # called once per bucket the reducer all-reduces
+        calls[0] += 1
+        return allreduce_hook(state, bucket)
+
+    model.register_comm_hook(dist.group.WORLD, counted)
+    seen = []
+    for i in range(4):
+        x, before = torch.randn(2, 4), calls[0]
+        if i < 3 and forward_inside:
+            with model.no_sync():
+                model(x).sum().backward()
+        elif i < 3:
+            loss = model(x).sum()
+            with model.no_sync():
+                loss.backward()
+        else:
+            model(x).sum().backward()
+        seen.append(calls[0] - before)
+    return seen
+
+
+@pytest.mark.parametrize("inside, expected", [(True, [0, 0, 0, 1]), (False, [1, 1, 1, 1])])
+def test_ddp_all_reduces_a_backward_under_no_sync_whose_forward_ran_outside_it(inside, expected):
+    from ddp_lab import launch
+
+    run = launch(_buckets_reduced, inside, world_size=2, timeout=60)
+    assert run.status == "ok", run
+    assert [r.value for r in run.ranks] == [expected, expected]
 
 
 def run(path):
