@@ -57,3 +57,30 @@ class UserHook:
 
     def __repr__(self) -> str:
         return f"<ddp-lab watch hook {getattr(self.fn, '__qualname__', self.fn)}>"
+
+
+class HandlerSwitch:
+    """A check's torch-function handler that is in the core's table only for a while
+    (`Context.handler_switch`): `set(True)` appends it to the handler list of each of `funcs`,
+    `set(False)` takes it out; no call of `funcs` pays it the rest of the time. The lists are
+    the core's own for the whole run, found once."""
+
+    __slots__ = ("table", "funcs", "handler", "lists", "on")
+
+    def __init__(self, table: dict, funcs, handler: Callable):
+        self.table, self.funcs, self.handler = table, list(funcs), handler
+        self.lists: list | None = None
+        self.on = False
+
+    def set(self, on: bool) -> None:
+        if on == self.on:
+            return
+        if self.lists is None:
+            self.lists = [self.table.setdefault(f, []) for f in self.funcs]
+        self.on = on
+        handler = self.handler
+        for handlers in self.lists:
+            if on:
+                handlers.append(handler)
+            elif handler in handlers:
+                handlers.remove(handler)

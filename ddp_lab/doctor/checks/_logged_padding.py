@@ -46,20 +46,19 @@ class Padding:
 
     def __init__(self, ctx, funcs):
         self.ctx, self.funcs = ctx, funcs
-        self.sizes, self.marks, self.on, self.budget = None, {}, False, 0
+        self.sizes, self.marks, self.budget = None, {}, 0
         self.handler = self.on_op  # the core guards it
+        table = getattr(ctx, "_functions", None)  # the core's {func: handlers}
+        self.switch = ctx.handler_switch(funcs, self.handler) if isinstance(table, dict) else None
+
+    @property
+    def on(self) -> bool:
+        """Whether the handler is in the core's table now."""
+        return self.switch is not None and self.switch.on
 
     def _switch(self, on: bool) -> None:
-        table = getattr(self.ctx, "_functions", None)
-        if on == self.on or not isinstance(table, dict):
-            return
-        self.on = on
-        for f in self.funcs:
-            handlers = table.setdefault(f, [])
-            if on:
-                handlers.append(self.handler)
-            elif self.handler in handlers:
-                handlers.remove(self.handler)
+        if self.switch is not None:
+            self.switch.set(on)
 
     def stop(self, *_):
         """The step's end: the sizes, the rows and the handler go."""

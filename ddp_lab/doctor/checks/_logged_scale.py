@@ -47,20 +47,18 @@ class Scaling:
     def __init__(self, ctx, funcs):
         self.ctx, self.funcs, self.chain, self.ops = ctx, funcs, [], []
         self.handler = self.on_op  # the core guards it (a guard inside a guard does nothing)
-        self.on = False
+        table = getattr(ctx, "_functions", None)  # the core's {func: handlers}
+        self.switch = ctx.handler_switch(funcs, self.handler) if isinstance(table, dict) else None
         self.users, self.lines = {}, {}  # code -> is the user's; (code, line) -> its text
 
+    @property
+    def on(self) -> bool:
+        """Whether the handler is in the core's table now."""
+        return self.switch is not None and self.switch.on
+
     def _switch(self, on: bool) -> None:
-        table = getattr(self.ctx, "_functions", None)  # the core's {func: handlers}
-        if on == self.on or not isinstance(table, dict):
-            return
-        self.on = on
-        for f in self.funcs:
-            handlers = table.setdefault(f, [])
-            if on:
-                handlers.append(self.handler)
-            elif self.handler in handlers:
-                handlers.remove(self.handler)
+        if self.switch is not None:
+            self.switch.set(on)
 
     def start(self, out) -> None:
         self.chain, self.ops = [out], []

@@ -23,7 +23,7 @@ from typing import Any, Callable
 from ..frames import ScriptFiles
 from ..userline import describe
 from ._context_built import built_init, subclasses
-from ._context_hooks import UserHook
+from ._context_hooks import HandlerSwitch, UserHook
 from ._context_records import RecordsFile, read_records  # noqa: F401 - the parent reads a rank's file here
 from ._context_guard import guarded_each, mode_aside, mode_back
 from ._context_steps import StepOptimizer
@@ -110,6 +110,11 @@ class Context:
         One TorchFunctionMode serves every check (core: core.FunctionWatch)."""
         for f in funcs:
             self._functions.setdefault(f, []).append(fn)
+
+    def handler_switch(self, funcs, fn: Callable) -> HandlerSwitch:
+        """`fn` as on_torch_function's handler of `funcs` while switched on (`.set(True)`;
+        off at first): for a handler needed only between two events of a step."""
+        return HandlerSwitch(self._functions, funcs, fn)
 
     def on_built(self, classes, fn: Callable) -> None:
         """`fn(ctx, obj, frame)` once an instance of one of `classes` (or of a subclass) is built,

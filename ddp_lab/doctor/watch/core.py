@@ -146,21 +146,15 @@ def function_mode(ctx: Context):
     table = ctx._functions
     compiling = torch.compiler.is_compiling
 
-    @torch.compiler.disable(recursive=True)
     def dispatch_own(handlers, func, args, kwargs, result):
-        # Never traced nor compiled by dynamo: code that resumes after a graph break runs under
-        # dynamo's frame callback, which would otherwise compile the checks' handlers as frames
-        # of their own (seen by the compiled check: extra graphs and breaks in ddp_lab's files).
         # a None: `alone`, the followers switched off while `func` ran (a gc)
         ctx.guarded_each(handlers, func, args, kwargs, result)
 
     every = ctx._every
     alone = (None,)  # what the lookup gives a function no check watches, while `every` is on
 
-    @torch.compiler.disable(recursive=True)
     def dispatch_all(handlers, func, args, kwargs, result):
-        ctx.guarded_each(handlers, func, args, kwargs, result)  # dispatch_own's, inline (each
-        # disabled call costs a frame switch)
+        ctx.guarded_each(handlers, func, args, kwargs, result)  # dispatch_own's, inline
         # on_every_torch_function's handlers run on every call: not through ctx.guard (a
         # context manager per call); the same promise, kept by hand
         local = ctx._local
@@ -173,17 +167,25 @@ def function_mode(ctx: Context):
         finally:
             local.checking = False
 
-    watched, dispatch = table.get, dispatch_own
+    # The handlers are never traced nor compiled by dynamo: code that resumes after a graph
+    # break runs under dynamo's frame callback, which would otherwise compile them as frames of
+    # their own (seen by the compiled check: extra graphs and breaks in ddp_lab's files). So
+    # while a callback is set they are called through torch.compiler.disable; the rest of the
+    # time (every step of a script that compiles nothing) with a plain call: the disabled
+    # wrapper is 5 Python calls more (two set_eval_frame, the stance, is_exporting) per call.
+    callback = _eval_frame_callback()
+    watched, dispatch, disabled = table.get, dispatch_own, None
 
     def every_changed():
         # While a check follows every call, every function has handlers (its own, or `alone`)
         # and `dispatch_all` adds the followers'; switched off, the common path below is
         # `table.get` again, one dict lookup.
-        nonlocal watched, dispatch
+        nonlocal watched, dispatch, disabled
         if every:
             watched, dispatch = (lambda f: table.get(f) or alone), dispatch_all
         else:
             watched, dispatch = table.get, dispatch_own
+        disabled = torch.compiler.disable(dispatch, recursive=True)
 
     ctx.every_changed = every_changed
     every_changed()
@@ -199,10 +201,24 @@ def function_mode(ctx: Context):
             if compiling() or ctx.checking:
                 return func(*args, **kwargs)
             result = func(*args, **kwargs)
-            dispatch(handlers, func, args, kwargs, result)
+            if callback() in (None, False):  # False: dynamo runs cached code only, compiles none
+                dispatch(handlers, func, args, kwargs, result)
+            else:
+                disabled(handlers, func, args, kwargs, result)
             return result
 
     return FunctionWatch()
+
+
+def _eval_frame_callback():
+    """torch._C's getter of dynamo's frame callback (None or False while no frame is being
+    compiled); where this torch has none, one that always answers "compiling", so that the
+    handlers always take the disabled path."""
+    try:
+        from torch._C._dynamo.eval_frame import get_eval_frame_callback
+    except ImportError:
+        return lambda: True
+    return get_eval_frame_callback
 
 
 def attach_checks(ctx: Context, names) -> None:
