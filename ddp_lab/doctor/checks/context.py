@@ -26,7 +26,7 @@ from ._context_built import built_init, subclasses
 from ._context_hooks import HandlerSwitch, UserHook
 from ._context_records import RecordsFile, read_records  # noqa: F401 - the parent reads a rank's file here
 from ._context_guard import guarded_each, mode_aside, mode_back
-from ._context_steps import StepOptimizer
+from ._context_steps import OptimizerHooks, StepOptimizer
 
 KEEP = 500  # items kept per `add` key (the newest are dropped: the first are the evidence)
 STEPS_KEPT = 100_000
@@ -70,6 +70,7 @@ class Context:
         self.every_changed: Callable | None = None  # the core's mode rereads _every (core.py)
         self._local = threading.local()
         self._stepping = StepOptimizer()  # which optimizer's step ends a step
+        self._optimizer_hooks: OptimizerHooks | None = None
         self.steps_by_optimizer = True  # the function API ends a step when train_step returns
         self.group_started = False
         self.mode = None  # the TorchFunctionMode serving on_torch_function (watch/core.py)
@@ -110,6 +111,12 @@ class Context:
         One TorchFunctionMode serves every check (core: core.FunctionWatch)."""
         for f in funcs:
             self._functions.setdefault(f, []).append(fn)
+
+    def on_optimizer_step(self, before: Callable | None = None, after: Callable | None = None) -> None:
+        """`before(optimizer)` / `after(optimizer)` around every optimizer's step, in the order
+        the checks asked, under one guard (_context_steps.OptimizerHooks)."""
+        self._optimizer_hooks = self._optimizer_hooks or OptimizerHooks(self)
+        self._optimizer_hooks.add(before, after)
 
     def handler_switch(self, funcs, fn: Callable) -> HandlerSwitch:
         """`fn` as on_torch_function's handler of `funcs` while switched on (`.set(True)`;

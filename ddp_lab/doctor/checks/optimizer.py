@@ -30,7 +30,6 @@ def attach(ctx) -> None:
     import torch
     import torch.optim.lr_scheduler as schedulers
     from torch.optim import Optimizer
-    from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
     rank = OptimizerRank(ctx)
     undo = []
@@ -69,8 +68,7 @@ def attach(ctx) -> None:
                 and issubclass(c, schedulers.LRScheduler) and "step" in vars(c)]:
         wrap(cls, "step", lambda o: writer(o, lambda s: f"{type(s).__name__}.step",
                                            lambda s: getattr(s, "optimizer", None)))
-    register_optimizer_step_pre_hook(ctx.guard(lambda opt, args, kwargs: rank.before_step(opt)))
-    register_optimizer_step_post_hook(ctx.guard(lambda opt, args, kwargs: rank.after_step(opt)))
+    ctx.on_optimizer_step(before=rank.before_step, after=rank.after_step)
     ctx.on_torch_function([torch.Tensor.zero_, torch._foreach_zero_], rank.zero)
     ctx.on_finish(lambda c: rank.summary())
     ctx.on_finish(lambda c: [u() for u in undo])

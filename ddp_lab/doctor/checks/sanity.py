@@ -25,7 +25,6 @@ from .api import Check, Finding
 
 def attach(ctx) -> None:
     import torch
-    from torch.optim.optimizer import register_optimizer_step_pre_hook
 
     rank = SanityRank(ctx)
     optimizers = weakref.WeakSet()
@@ -38,12 +37,12 @@ def attach(ctx) -> None:
 
     torch.nn.Module.to_empty = to_empty_watched
 
-    def before(opt, args, kwargs):
+    def before(opt):
         optimizers.add(opt)
         rank.last_groups = opt.param_groups  # its parameters, for the exit when it is freed
         rank.before_step(opt)
 
-    register_optimizer_step_pre_hook(ctx.guard(before))
+    ctx.on_optimizer_step(before=before)
     ctx.on_torch_function([torch.Tensor.backward, torch.autograd.backward], rank.backward)
     ctx.on_finish(lambda c: rank._stop_watching())
     ctx.on_finish(lambda c: rank.at_exit(list(optimizers)))

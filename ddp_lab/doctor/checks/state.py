@@ -86,7 +86,6 @@ def _script_names(ctx) -> dict:
 def attach(ctx) -> None:
     import torch
     from torch.nn.modules.module import register_module_buffer_registration_hook
-    from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
     rank = Rank(ctx)
     setter = torch.Tensor.data.__set__
@@ -121,7 +120,7 @@ def attach(ctx) -> None:
                 handlers.remove(seen) if quiet else handlers.append(seen)
         muted[0] = quiet
 
-    def opt_begins(opt, args, kwargs):
+    def opt_begins(opt):
         mute(True, sum(len(g["params"]) for g in opt.param_groups) > MUTED_FROM)
         if rank.stepping(opt):  # its parameters as they start (the judge's replicas)
             _started(ctx, rank)
@@ -136,8 +135,7 @@ def attach(ctx) -> None:
     guarded = ctx.guard(buffer_set)
     register_module_buffer_registration_hook(  # every module built anywhere registers: ids first
         lambda m, n, t: guarded(m, n, t) if id(m) in rank.modules else None)
-    register_optimizer_step_pre_hook(ctx.guard(opt_begins))  # never raises into the script
-    register_optimizer_step_post_hook(ctx.guard(lambda opt, args, kwargs: mute(False)))  # after the core's
+    ctx.on_optimizer_step(before=opt_begins, after=lambda opt: mute(False))  # after the core's
     ctx.on_torch_function(funcs, seen)
     ctx.on_model(lambda c, w: (rank.refresh(), c.add("state-models", _model_row(w))))
     ctx.on_step_end(lambda c: _step_end(c, rank))
