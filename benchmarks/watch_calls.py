@@ -54,7 +54,8 @@ def child(mode: str, name: str, steps: int) -> None:
             runpy.run_path(path, run_name="__main__")
         else:
             from ddp_lab.doctor.watch.core import script_rank
-            script_rank(path, args, tempfile.mkdtemp(prefix="ddp-lab-calls-"), None, path)
+            with tempfile.TemporaryDirectory(prefix="ddp-lab-calls-") as folder:
+                script_rank(path, args, folder, None, path)
         profile.disable()
     done = re.findall(r"^(\d+) steps in", out.getvalue(), re.M)
     counts = {"steps": int(done[-1]) if done else 0}
