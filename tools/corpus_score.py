@@ -128,10 +128,10 @@ def score(case: Case) -> Score:
     line = case.fault_line()
     named = any(f.where.startswith(f"broken.py:{line}:") for f in hits)
     loud = [f for f in fixed if f.severity in LOUD]
-    kept = [f for f in loud if not case.second_defect(f)]
-    return Score(case, bool(hits), named, [f"{f.code}: {f.title}" for f in kept],
+    second = [f for f in loud if case.second_defect(f)]
+    return Score(case, bool(hits), named, [f"{f.code}: {f.title}" for f in loud if f not in second],
                  [f"{f.severity} {f.code} {f.where}" for f in broken if f.severity in LOUD],
-                 [f"{f.code} at {f.where}" for f in loud if case.second_defect(f)])
+                 [f"{f.code} at {f.where}" for f in second])
 
 
 def run_doctor(case: Case, variant: str) -> list:

@@ -45,25 +45,20 @@ class Padding:
     (weakly held: {id: (ref, mask, joined line)}), and the handler that follows them."""
 
     def __init__(self, ctx, funcs):
-        self.ctx, self.funcs = ctx, funcs
+        self.ctx = ctx
         self.sizes, self.marks, self.budget = None, {}, 0
         self.handler = self.on_op  # the core guards it
-        table = getattr(ctx, "_functions", None)  # the core's {func: handlers}
-        self.switch = ctx.handler_switch(funcs, self.handler) if isinstance(table, dict) else None
+        self.switch = ctx.handler_switch(funcs, self.handler)
 
     @property
     def on(self) -> bool:
         """Whether the handler is in the core's table now."""
-        return self.switch is not None and self.switch.on
-
-    def _switch(self, on: bool) -> None:
-        if self.switch is not None:
-            self.switch.set(on)
+        return self.switch.on
 
     def stop(self, *_):
         """The step's end: the sizes, the rows and the handler go."""
         self.sizes, self.marks = None, {}
-        self._switch(False)
+        self.switch.set(False)
 
     def _mark(self, t, mask, joined):
         self.marks[id(t)] = (weakref.ref(t), mask, joined)
@@ -119,7 +114,7 @@ class Padding:
     def _follow(self):
         if self.marks:
             self.budget = BUDGET
-            self._switch(True)
+            self.switch.set(True)
 
     # --- the user's ops ------------------------------------------------------------------
     def on_op(self, func, args, kwargs, out):

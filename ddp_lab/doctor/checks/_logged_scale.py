@@ -45,28 +45,23 @@ class Scaling:
     handler is in the core's table only while a criterion's output waits for its backward."""
 
     def __init__(self, ctx, funcs):
-        self.ctx, self.funcs, self.chain, self.ops = ctx, funcs, [], []
+        self.ctx, self.chain, self.ops = ctx, [], []
         self.handler = self.on_op  # the core guards it (a guard inside a guard does nothing)
-        table = getattr(ctx, "_functions", None)  # the core's {func: handlers}
-        self.switch = ctx.handler_switch(funcs, self.handler) if isinstance(table, dict) else None
+        self.switch = ctx.handler_switch(funcs, self.handler)
         self.users, self.lines = {}, {}  # code -> is the user's; (code, line) -> its text
 
     @property
     def on(self) -> bool:
         """Whether the handler is in the core's table now."""
-        return self.switch is not None and self.switch.on
-
-    def _switch(self, on: bool) -> None:
-        if self.switch is not None:
-            self.switch.set(on)
+        return self.switch.on
 
     def start(self, out) -> None:
         self.chain, self.ops = [out], []
-        self._switch(True)
+        self.switch.set(True)
 
     def stop(self, *_):
         self.chain, self.ops = [], []
-        self._switch(False)
+        self.switch.set(False)
 
     def on_op(self, func, args, kwargs, out):
         import torch

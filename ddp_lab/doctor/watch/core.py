@@ -174,7 +174,9 @@ def function_mode(ctx: Context):
     # time (every step of a script that compiles nothing) with a plain call: the disabled
     # wrapper is 5 Python calls more (two set_eval_frame, the stance, is_exporting) per call.
     callback = _eval_frame_callback()
-    watched, dispatch, disabled = table.get, dispatch_own, None
+    own_disabled = torch.compiler.disable(dispatch_own, recursive=True)
+    all_disabled = torch.compiler.disable(dispatch_all, recursive=True)
+    watched, dispatch, disabled = table.get, dispatch_own, own_disabled
 
     def every_changed():
         # While a check follows every call, every function has handlers (its own, or `alone`)
@@ -182,10 +184,9 @@ def function_mode(ctx: Context):
         # `table.get` again, one dict lookup.
         nonlocal watched, dispatch, disabled
         if every:
-            watched, dispatch = (lambda f: table.get(f) or alone), dispatch_all
+            watched, dispatch, disabled = (lambda f: table.get(f) or alone), dispatch_all, all_disabled
         else:
-            watched, dispatch = table.get, dispatch_own
-        disabled = torch.compiler.disable(dispatch, recursive=True)
+            watched, dispatch, disabled = table.get, dispatch_own, own_disabled
 
     ctx.every_changed = every_changed
     every_changed()
