@@ -36,15 +36,17 @@ def mode_back(ctx) -> None:
     _stack[3](ctx.mode)
 
 
-def guarded_each(ctx, fns, args) -> None:
+def guarded_each(ctx, fns, args, step_aside: bool = True) -> None:
     """Each of `fns` (a None skipped) called with `args` inside the checks (`ctx.checking`): an
     exception of one is recorded under "check-errors" and the next still runs; nothing when the
-    caller is already inside the checks (as `guard`)."""
+    caller is already inside the checks (as `guard`). `step_aside` False: the caller knows the
+    mode is not the innermost one (the mode's own `__torch_function__`, where torch has
+    stepped it aside), so `mode_aside` would only look and find it so."""
     local = ctx._local
     if getattr(local, "checking", False):
         return
     local.checking = True
-    aside = mode_aside(ctx)
+    aside = step_aside and mode_aside(ctx)
     try:
         for fn in fns:
             if fn is None:
