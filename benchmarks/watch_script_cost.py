@@ -14,6 +14,7 @@ import re
 import statistics
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parents[1] / "examples" / "scripts"
@@ -35,10 +36,13 @@ def args_for(name: str, steps: int) -> list[str]:
 
 
 def under_torchrun(name: str, steps: int) -> float:
-    env = dict(os.environ, OMP_NUM_THREADS="1")  # as torchrun sets it, said once more
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                           str(HERE / name), *args_for(name, steps)], capture_output=True,
-                          text=True, timeout=600, env=env)
+    # torchrun's agent leaves its log folder (torchelastic_*) and its workers' error files in
+    # the temporary folder: a folder of the run's own, removed after it
+    with tempfile.TemporaryDirectory(prefix="ddp-lab-bench-") as tmp:
+        env = dict(os.environ, OMP_NUM_THREADS="1", TMPDIR=tmp)  # OMP: as torchrun sets it
+        done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node",
+                               "2", str(HERE / name), *args_for(name, steps)], capture_output=True,
+                              text=True, timeout=600, env=env)
     if done.returncode:  # the rank's own message is at the start, torchrun's summary at the end
         raise RuntimeError(f"torchrun {name} exited {done.returncode}:\n{done.stderr[:3000]}\n...\n"
                            f"{done.stderr[-1500:]}")
