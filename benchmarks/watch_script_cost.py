@@ -2,7 +2,8 @@
 compiled; 2 ranks, gloo on the CPU) run unchanged under `torchrun --nproc-per-node 2` and under
 watch's script mode, alternately, in one run on this machine. Each script prints the seconds its
 own loop took from its second step on (rank 0); the ratio is watch's per-step time over
-torchrun's (medians over the repeats).
+torchrun's (medians over the repeats); beside it, the range of the ratios of each watch run to
+the torchrun run just before it: how far one pair moves on this machine.
 
     .venv/bin/python benchmarks/watch_script_cost.py [--repeat 3] [--steps 200]
 """
@@ -64,14 +65,17 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("scripts", nargs="*", default=list(SCRIPTS))
     args = parser.parse_args(argv)
-    print("| script | torchrun ms/step | watch ms/step | watch ÷ torchrun |\n|---|---|---|---|")
+    print("| script | torchrun ms/step | watch ms/step | watch ÷ torchrun | each pair's ratio, min-max |"
+          "\n|---|---|---|---|---|")
     for name in args.scripts:
         bare, watched = [], []
         for _ in range(args.repeat):  # alternated, so that a load change hits both
             bare.append(under_torchrun(name, args.steps))
             watched.append(under_watch(name, args.steps))
         b, w = statistics.median(bare), statistics.median(watched)
-        print(f"| {name} | {b * 1e3:.2f} | {w * 1e3:.2f} | {w / b:.2f} |", flush=True)
+        pairs = [x / y for x, y in zip(watched, bare)]  # a run and the torchrun run just before it
+        print(f"| {name} | {b * 1e3:.2f} | {w * 1e3:.2f} | {w / b:.2f} | "
+              f"{min(pairs):.2f}-{max(pairs):.2f} |", flush=True)
     return 0
 
 
