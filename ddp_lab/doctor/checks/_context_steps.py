@@ -13,6 +13,8 @@ from __future__ import annotations
 import weakref
 from typing import Callable
 
+from ._context_guard import guarded_each
+
 
 class StepOptimizer:
     def __init__(self):
@@ -52,8 +54,9 @@ class OptimizerHooks:
 
         self.before: list[Callable] = []
         self.after: list[Callable] = []
-        register_optimizer_step_pre_hook(lambda opt, args, kwargs: ctx.guarded_each(self.before, opt))
-        register_optimizer_step_post_hook(lambda opt, args, kwargs: ctx.guarded_each(self.after, opt))
+        # guarded_each itself, not Context.guarded_each's wrapper of it: a call less per hook
+        register_optimizer_step_pre_hook(lambda opt, a, k: guarded_each(ctx, self.before, (opt,)))
+        register_optimizer_step_post_hook(lambda opt, a, k: guarded_each(ctx, self.after, (opt,)))
 
     def add(self, before: Callable | None, after: Callable | None) -> None:
         if before is not None:

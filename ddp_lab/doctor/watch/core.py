@@ -154,8 +154,8 @@ def function_mode(ctx: Context):
     every = ctx._every
     alone = (None,)  # what the lookup gives a function no check watches, while `every` is on
 
-    def dispatch_all(c, handlers, args, _):
-        guarded_each(c, handlers, args, False)
+    def dispatch_all(c, handlers, args, step_aside):  # guarded_each's, then the followers
+        guarded_each(c, handlers, args, step_aside)
         # on_every_torch_function's handlers run on every call: not through ctx.guard (a
         # context manager per call); the same promise, kept by hand
         local.checking = True
