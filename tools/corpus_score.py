@@ -129,9 +129,10 @@ def score(case: Case) -> Score:
     named = any(f.where.startswith(f"broken.py:{line}:") for f in hits)
     loud = [f for f in fixed if f.severity in LOUD]
     second = [f for f in loud if case.second_defect(f)]
-    return Score(case, bool(hits), named, [f"{f.code}: {f.title}" for f in loud if f not in second],
-                 [f"{f.severity} {f.code} {f.where}" for f in broken if f.severity in LOUD],
-                 [f"{f.code} at {f.where}" for f in second])
+    return Score(case, bool(hits), named,
+                 false_alarms=[f"{f.code}: {f.title}" for f in loud if f not in second],
+                 second=[f"{f.code} at {f.where}" for f in second],
+                 seen=[f"{f.severity} {f.code} {f.where}" for f in broken if f.severity in LOUD])
 
 
 def run_doctor(case: Case, variant: str) -> list:
